@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine: `make book` and `make test`.
+# They create (or reuse) .venv, install the package with its book and dev extras, then run.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.dispatch-installed
+# torch first, pinned: on a machine without a GPU this resolves to the CPU build (local disk
+# here); set TORCH_SPEC / PIP_EXTRA to choose another build, e.g. a CUDA one.
+TORCH_SPEC ?= torch==2.13.0
+PIP_EXTRA  ?=
+ARGS ?=
+
+.PHONY: book test test-gpu bench clean env
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(PIP_EXTRA) -e ".[book,dev]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+# Execute every chapter in _toc.yml on the embedded default, then build _build/html.
+book: $(STAMP)
+	$(PY) -m dispatch.book $(ARGS)
+
+# Unit tests, property tests and the notebooks under nbval, in one pytest run.
+test: $(STAMP)
+	$(PY) -m pytest tests notebooks --nbval --nbval-sanitize-with .nbval_sanitize.cfg -m "not gpu" $(ARGS)
+
+# On a CUDA machine: the compiled kernels against the reference.
+test-gpu: $(STAMP)
+	$(PY) -m pytest tests -m gpu $(ARGS)
+
+bench: $(STAMP)
+	$(PY) -m dispatch.bench $(ARGS)
+
+clean:
+	rm -rf _build .pytest_cache

@@ -1,0 +1,172 @@
+"""What one MoE layer is: a frozen config (:class:`MoEConfig`) and its weights (:class:`MoEWeights`).
+
+Shape legend (used everywhere): T tokens · H hidden · I expert intermediate · E experts ·
+K experts per token · N = T·K routed rows · P padded sorted rows · R ranks.
+
+Routing families (``MoEConfig.family`` only names the preset; the fields decide the math):
+    olmoe      softmax over all E, top-K, no renormalisation
+    mixtral    softmax, top-K, renormalised (``norm_topk_prob``; Qwen-MoE does the same)
+    qwen2_moe  as mixtral/Qwen + a shared expert behind a sigmoid gate
+    deepseek_v3  sigmoid scores, a correction bias used only to *choose* experts, group-limited
+               top-K (``n_group`` groups, keep ``topk_group``), renormalisation, then
+               ``routed_scaling_factor``; plus shared experts (no gate)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+import torch
+
+Scoring = Literal["softmax", "sigmoid"]
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    hidden_size: int  # H
+    intermediate_size: int  # I, per routed expert
+    num_experts: int  # E
+    top_k: int  # K
+    scoring: Scoring = "softmax"
+    norm_topk_prob: bool = False
+    n_group: int = 1  # DeepSeek-V3 group-limited routing: E experts in n_group groups ...
+    topk_group: int = 1  # ... of which the best topk_group groups may be chosen from
+    routed_scaling_factor: float = 1.0
+    correction_bias: bool = False  # DeepSeek-V3 e_score_correction_bias (selection only)
+    shared_intermediate_size: int = 0  # I of the (fused) shared expert MLP; 0 = none
+    shared_gate: bool = False  # Qwen2-MoE: sigmoid(x @ w_gate) scales the shared expert
+    family: str = "custom"
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_experts", "top_k", "n_group", "topk_group"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"MoEConfig.{name} must be a positive int, got {v!r}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"MoEConfig.top_k={self.top_k} must be <= num_experts={self.num_experts}")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"MoEConfig.scoring must be 'softmax' or 'sigmoid', got {self.scoring!r}")
+        if self.num_experts % self.n_group:
+            raise ValueError(f"num_experts={self.num_experts} must divide into n_group={self.n_group} groups")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"topk_group={self.topk_group} must be <= n_group={self.n_group}")
+        if self.n_group > 1 and self.top_k > self.topk_group * (self.num_experts // self.n_group):
+            raise ValueError("top_k is larger than the experts in the topk_group groups that may be chosen")
+        if self.shared_intermediate_size < 0:
+            raise ValueError("shared_intermediate_size must be >= 0")
+        if self.shared_gate and not self.shared_intermediate_size:
+            raise ValueError("shared_gate needs a shared expert (shared_intermediate_size > 0)")
+
+    # Short names matching the shape legend.
+    @property
+    def H(self) -> int:
+        return self.hidden_size
+
+    @property
+    def I(self) -> int:  # noqa: E743
+        return self.intermediate_size
+
+    @property
+    def E(self) -> int:
+        return self.num_experts
+
+    @property
+    def K(self) -> int:
+        return self.top_k
+
+    def replace(self, **kw) -> "MoEConfig":
+        return replace(self, **kw)
+
+    def expert_flops_per_token(self) -> int:
+        """Multiply-adds x2 of the K routed experts (gate/up and down), shared expert included."""
+        routed = self.top_k * 2 * (3 * self.hidden_size * self.intermediate_size)
+        shared = 2 * 3 * self.hidden_size * self.shared_intermediate_size
+        return routed + shared
+
+
+# Shapes of the layers the book benchmarks (published configs; no weights are needed).
+PRESETS: dict[str, MoEConfig] = {
+    "olmoe-1b-7b": MoEConfig(2048, 1024, 64, 8, family="olmoe"),
+    "mixtral-8x7b": MoEConfig(4096, 14336, 8, 2, norm_topk_prob=True, family="mixtral"),
+    "deepseek-moe-16b": MoEConfig(2048, 1408, 64, 6, shared_intermediate_size=2 * 1408, family="deepseek_moe"),
+    "qwen3-30b-a3b": MoEConfig(2048, 768, 128, 8, norm_topk_prob=True, family="qwen3_moe"),
+    "qwen2-57b-a14b": MoEConfig(3584, 2560, 64, 8, shared_intermediate_size=20480, shared_gate=True, family="qwen2_moe"),
+    "deepseek-v3": MoEConfig(7168, 2048, 256, 8, scoring="sigmoid", norm_topk_prob=True, n_group=8, topk_group=4,
+                             routed_scaling_factor=2.5, correction_bias=True, shared_intermediate_size=2048,
+                             family="deepseek_v3"),
+    # The embedded default: small enough for Triton's interpreter on 2 CPU cores.
+    "tiny": MoEConfig(64, 32, 8, 2, family="olmoe"),
+}
+
+
+@dataclass
+class MoEWeights:
+    """The tensors of one layer, in transformers 5's fused layout.
+
+    router_EH          router weight (logits = x_TH @ router_EH.T)
+    gate_up_E2IH       experts' gate (rows 0..I-1) and up (rows I..2I-1) projections
+    down_EHI           experts' down projection
+    bias_E             DeepSeek-V3 selection bias, or None
+    shared_gate_up_2SH, shared_down_HS   shared expert MLP (S = shared_intermediate_size), or None
+    shared_gate_1H     Qwen2-MoE shared-expert gate, or None
+    """
+
+    router_EH: torch.Tensor
+    gate_up_E2IH: torch.Tensor
+    down_EHI: torch.Tensor
+    bias_E: torch.Tensor | None = None
+    shared_gate_up_2SH: torch.Tensor | None = None
+    shared_down_HS: torch.Tensor | None = None
+    shared_gate_1H: torch.Tensor | None = None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def to(self, *args, **kw) -> "MoEWeights":
+        return MoEWeights(**{k: v.to(*args, **kw) for k, v in self.tensors().items()})
+
+    def validate(self, cfg: MoEConfig) -> None:
+        """Raise ValueError unless every tensor has the shape ``cfg`` asks for, on one device."""
+        H, I, E, S = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.shared_intermediate_size
+        want = {"router_EH": (E, H), "gate_up_E2IH": (E, 2 * I, H), "down_EHI": (E, H, I)}
+        if cfg.correction_bias:
+            want["bias_E"] = (E,)
+        if S:
+            want["shared_gate_up_2SH"] = (2 * S, H)
+            want["shared_down_HS"] = (H, S)
+        if cfg.shared_gate:
+            want["shared_gate_1H"] = (1, H)
+        have = self.tensors()
+        for name, shape in want.items():
+            if name not in have:
+                raise ValueError(f"MoEWeights.{name} of shape {shape} is required by this config, got None")
+            if tuple(have[name].shape) != shape:
+                raise ValueError(f"MoEWeights.{name} must have shape {shape}, got {tuple(have[name].shape)}")
+        extra = set(have) - set(want)
+        if extra:
+            raise ValueError(f"MoEWeights has tensors this config does not use: {sorted(extra)}")
+        devices = {t.device for t in have.values()}
+        if len(devices) > 1:
+            raise ValueError(f"MoEWeights tensors must be on one device, got {devices}")
+        dtypes = {t.dtype for n, t in have.items() if n != "bias_E"}
+        if len(dtypes) > 1 or not next(iter(dtypes)).is_floating_point:
+            raise ValueError(f"MoEWeights tensors must share one floating dtype, got {dtypes}")
+
+
+def random_weights(cfg: MoEConfig, *, seed: int = 0, dtype=torch.float32, device="cpu", scale: float = 1.0) -> MoEWeights:
+    """Seeded random weights with a sensible scale (std ~ 1/sqrt(fan_in)); for tests and benchmarks."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    H, I, E, S = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.shared_intermediate_size
+
+    def rnd(*shape, fan_in):
+        return (torch.randn(*shape, generator=g) * (scale / fan_in ** 0.5)).to(dtype=dtype, device=device)
+
+    w = MoEWeights(router_EH=rnd(E, H, fan_in=H), gate_up_E2IH=rnd(E, 2 * I, H, fan_in=H), down_EHI=rnd(E, H, I, fan_in=I))
+    if cfg.correction_bias:
+        w.bias_E = (torch.randn(E, generator=g) * 0.1).to(dtype=torch.float32, device=device)
+    if S:
+        w.shared_gate_up_2SH = rnd(2 * S, H, fan_in=H)
+        w.shared_down_HS = rnd(H, S, fan_in=S)
+    if cfg.shared_gate:
+        w.shared_gate_1H = rnd(1, H, fan_in=H)
+    return w

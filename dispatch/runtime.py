@@ -1,0 +1,88 @@
+"""Where code runs: which device, compiled Triton or Triton's interpreter, which dtype.
+
+The one place that decides. Imported first by ``dispatch/__init__.py`` because Triton reads
+``TRITON_INTERPRET`` when it is imported: on a machine without CUDA we turn the interpreter on
+before anything imports Triton, so the same kernel source runs on CPU (slowly, for tests).
+
+Dtypes: bf16 on sm_80+; fp16 below sm_80 (a T4 is sm_75: Triton's bf16 fails there although
+``torch.cuda.is_bf16_supported()`` says True); fp32 on CPU (the interpreter mis-loads bf16).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device(name: str = "auto") -> torch.device:
+    """'auto' → cuda if present else cpu; 'cpu' / 'cuda' / 'cuda:1' as given (checked)."""
+    if name == "auto":
+        return torch.device("cuda" if HAS_CUDA else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not HAS_CUDA:
+        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU; use 'cpu' or 'auto'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {name!r}")
+    return dev
+
+
+def capability(dev: torch.device | str | None = None) -> tuple[int, int] | None:
+    """CUDA compute capability of ``dev`` (None on CPU)."""
+    dev = torch.device(dev) if dev is not None else device()
+    if dev.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(dev)
+
+
+def compute_dtype(dev: torch.device | str | None = None) -> torch.dtype:
+    """The dtype kernels compute in on ``dev``: bf16 (sm_80+), fp16 (older GPUs), fp32 (CPU)."""
+    cap = capability(dev)
+    if cap is None:
+        return torch.float32
+    return torch.bfloat16 if cap >= (8, 0) else torch.float16
+
+
+def dtype(name: str = "auto", dev: torch.device | str | None = None) -> torch.dtype:
+    """'auto' → :func:`compute_dtype`; else 'float32' | 'float16' | 'bfloat16' (checked)."""
+    if name == "auto":
+        return compute_dtype(dev)
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+def triton_ok(t: torch.Tensor) -> bool:
+    """Can a Triton kernel run on this tensor here? (CUDA tensor, or CPU under the interpreter.)"""
+    return t.is_cuda or (t.device.type == "cpu" and INTERPRET)
+
+
+def describe() -> dict:
+    """Versions and device, for results files and the top of every chapter."""
+    import platform
+
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "device": "cpu", "gpu": None, "interpret": INTERPRET}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        info["transformers"] = None
+    if HAS_CUDA:
+        info["device"] = "cuda"
+        info["gpu"] = torch.cuda.get_device_name()
+        info["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        info["gpu_count"] = torch.cuda.device_count()
+    return info
