@@ -28,7 +28,7 @@ book: $(STAMP)
 
 # Unit tests, property tests and the notebooks under nbval, in one pytest run.
 test: $(STAMP)
-	$(PY) -m pytest tests notebooks --nbval --nbval-sanitize-with .nbval_sanitize.cfg -m "not gpu" $(ARGS)
+	$(PY) -m pytest tests notebooks --nbval --nbval-current-env --nbval-sanitize-with .nbval_sanitize.cfg -m "not gpu" $(ARGS)
 
 # On a CUDA machine: the compiled kernels against the reference.
 test-gpu: $(STAMP)

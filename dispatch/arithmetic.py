@@ -1,0 +1,154 @@
+"""Roofline arithmetic: parameters, bytes and FLOPs of an MoE layer and model, and the H200 floors.
+
+Everything here is counting, no measurement: the numbers later chapters race against.
+A decoded batch of T tokens must at least read every weight it uses once (bytes / HBM bandwidth)
+and do its multiply-adds (FLOPs / matmul throughput); the larger of the two is the floor.
+
+Conventions: a multiply-add is 2 FLOPs; weights are read once per step (ideal caching); the KV
+cache and attention-score FLOPs (they grow with the context) are left out unless asked for;
+``bytes_per_param`` = 2 for bf16.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dispatch.config import MoEConfig
+
+# The H200 ceilings every "% of peak" in the book divides by — the one place they live.
+# Source: shared/gpu.md ("Ceilings"), measured on the project's H200s on 2026-11-30:
+# HBM ~4.3 TB/s device-to-device copy (datasheet 4.8); bf16 dense matmul ~770-800 TFLOP/s
+# through torch at 8192^3 (datasheet ~990).
+H200_HBM_BPS = 4.3e12  # bytes / s
+H200_BF16_FLOPS = 790e12  # FLOP / s
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Model-level numbers around the MoE layer (build with ``dispatch.hf.model_shape_from_hf``)."""
+
+    moe: MoEConfig
+    num_layers: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_embeddings: bool = False
+    attention_extra_params: int = 0  # per layer: q/k norms, qkv biases
+    dense_layers: int = 0  # layers with a dense SwiGLU MLP instead of the MoE block
+    dense_intermediate_size: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.dense_layers <= self.num_layers:
+            raise ValueError(f"dense_layers={self.dense_layers} must be in [0, num_layers={self.num_layers}]")
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.dense_layers
+
+
+def expert_params(cfg: MoEConfig) -> int:
+    """Parameters of one routed SwiGLU expert: gate, up and down, 3·H·I."""
+    return 3 * cfg.hidden_size * cfg.intermediate_size
+
+
+def layer_params(cfg: MoEConfig) -> dict[str, int]:
+    """Parameters of one MoE layer: router E·H, experts E·3HI, shared expert 3HS (+ its gate H)."""
+    H, S = cfg.hidden_size, cfg.shared_intermediate_size
+    return {"router": cfg.num_experts * H, "experts": cfg.num_experts * expert_params(cfg),
+            "shared": 3 * H * S + (H if cfg.shared_gate else 0)}
+
+
+def param_counts(shape: ModelShape) -> dict[str, int]:
+    """Total and active parameters of a model, by part. Active = total minus the E−K unused experts."""
+    m, H, L = shape.moe, shape.moe.hidden_size, shape.num_layers
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    lp = layer_params(m)
+    parts = {
+        "embedding": shape.vocab_size * H,
+        "lm_head": 0 if shape.tie_embeddings else shape.vocab_size * H,
+        "attention": L * (2 * H * q + 2 * H * kv + shape.attention_extra_params),
+        "norms": L * 2 * H + H,
+        "router": shape.moe_layers * lp["router"],
+        "experts": shape.moe_layers * lp["experts"],
+        "shared": shape.moe_layers * lp["shared"],
+        "dense_mlp": shape.dense_layers * 3 * H * shape.dense_intermediate_size,
+    }
+    parts["total"] = sum(parts.values())
+    parts["active_experts"] = shape.moe_layers * m.top_k * expert_params(m)
+    parts["active"] = parts["total"] - parts["experts"] + parts["active_experts"]
+    return parts
+
+
+def expected_unique_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected number of distinct experts T tokens touch under uniform routing: E·(1 − (1 − K/E)^T).
+
+    Each token picks K of E without replacement, so one expert is missed by one token with
+    probability 1 − K/E, and by all T tokens with (1 − K/E)^T.
+    """
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def unique_experts(ids_TK: torch.Tensor) -> int:
+    """Exact number of distinct experts a given routing ids_TK [T, K] touches."""
+    return int(torch.unique(ids_TK).numel())
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """FLOPs and bytes of some work, and its floors on the H200 (see the ceilings above)."""
+
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte; the H200's ridge point is H200_BF16_FLOPS / H200_HBM_BPS ≈ 184."""
+        return self.flops / self.bytes
+
+    @property
+    def t_memory_s(self) -> float:
+        return self.bytes / H200_HBM_BPS
+
+    @property
+    def t_compute_s(self) -> float:
+        return self.flops / H200_BF16_FLOPS
+
+    @property
+    def floor_s(self) -> float:
+        return max(self.t_memory_s, self.t_compute_s)
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.t_memory_s >= self.t_compute_s else "compute"
+
+
+def expert_layer_roofline(cfg: MoEConfig, tokens: int, *, bytes_per_param: int = 2,
+                          ids_TK: torch.Tensor | None = None) -> Roofline:
+    """The routed experts of one layer at T tokens (what the kernels of chapters 2–3 race against).
+
+    FLOPs: T·K·6·H·I. Bytes: the weights of the experts touched (exact for a given ids_TK, else
+    the uniform-routing expectation) plus reading x_TH and writing y_TH once.
+    """
+    touched = unique_experts(ids_TK) if ids_TK is not None else expected_unique_experts(cfg.E, cfg.K, tokens)
+    flops = 2.0 * tokens * cfg.top_k * expert_params(cfg)
+    nbytes = (touched * expert_params(cfg) + 2 * tokens * cfg.hidden_size) * bytes_per_param
+    return Roofline(flops, nbytes)
+
+
+def decode_step_roofline(shape: ModelShape, tokens: int = 1, *, bytes_per_param: int = 2,
+                         context: int = 0) -> Roofline:
+    """One decode step of the whole model for a batch of T tokens (one new token per sequence).
+
+    Bytes: every non-expert weight once (attention, norms, routers, shared/dense MLPs, lm_head),
+    T embedding rows, and per MoE layer the expected distinct experts of T tokens. FLOPs:
+    2 · T · (active parameters − embedding), plus attention scores 4·L·(heads·head_dim)·context
+    per token when ``context`` > 0. The KV cache is not counted.
+    """
+    p, m = param_counts(shape), shape.moe
+    non_expert = p["total"] - p["embedding"] - p["experts"]
+    experts = shape.moe_layers * expected_unique_experts(m.E, m.K, tokens) * expert_params(m)
+    nbytes = (non_expert + tokens * m.hidden_size + experts) * bytes_per_param
+    per_token = 2 * (p["active"] - p["embedding"]) + 4 * shape.num_layers * shape.num_heads * shape.head_dim * context
+    return Roofline(float(tokens * per_token), float(nbytes))

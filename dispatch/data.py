@@ -1,0 +1,164 @@
+"""Text to train and measure on, with nothing to download: the Python standard library's source.
+
+Every Python install carries its standard library as ``.py`` files. :func:`manifest` lists the
+top-level ones in sorted order with their SHA-256, so a corpus is named by one hash
+(``manifest()["hash"]``) and a different Python version shows up as a different hash. Files are
+split into train and validation *by file* (every ``VAL_EVERY``-th file is validation), so no
+function leaks from one side to the other.
+
+The tokenizer is a byte-level BPE (``tokenizers``), trained on the train files and cached under
+``$DISPATCH_CACHE`` (default ``~/.cache/dispatch``) keyed by the manifest hash and vocabulary size;
+training is deterministic, so deleting the cache rebuilds the same file.
+
+The same chapter can measure OLMoE-1B-7B on WikiText-2 instead (:func:`wikitext2_text`, needs
+``datasets`` and internet; imported only on that path).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pathlib
+import platform
+import sysconfig
+from collections import Counter
+
+import torch
+
+VAL_EVERY = 10  # file i (sorted order) is validation when i % VAL_EVERY == VAL_EVERY - 1
+SPECIAL = "<|endoftext|>"  # separates files; id 0
+
+
+def stdlib_dir() -> pathlib.Path:
+    """Where this interpreter's standard library sources live."""
+    return pathlib.Path(sysconfig.get_paths()["stdlib"])
+
+
+def manifest(root: pathlib.Path | None = None) -> dict:
+    """The corpus, named: sorted top-level ``*.py`` files of the stdlib with sizes and SHA-256.
+
+    Returns ``{"python": "3.11.7", "files": [{"name", "bytes", "sha256", "split"}, ...],
+    "hash": sha256 of the file list}``. ``root`` defaults to :func:`stdlib_dir`.
+    """
+    root = pathlib.Path(root) if root is not None else stdlib_dir()
+    paths = sorted(p for p in root.glob("*.py") if p.is_file())
+    if not paths:
+        raise ValueError(f"no *.py files under {root}: is this a Python install with its sources?")
+    files = []
+    for i, p in enumerate(paths):
+        data = p.read_bytes()
+        files.append({"name": p.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                      "split": "val" if i % VAL_EVERY == VAL_EVERY - 1 else "train"})
+    listing = json.dumps([(f["name"], f["sha256"]) for f in files]).encode()
+    return {"python": platform.python_version(), "root": str(root), "files": files,
+            "hash": hashlib.sha256(listing).hexdigest()[:16]}
+
+
+def split_texts(split: str, root: pathlib.Path | None = None) -> list[str]:
+    """The files of ``split`` ("train" | "val") as strings, in manifest order."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    m = manifest(root)
+    base = pathlib.Path(m["root"])
+    return [(base / f["name"]).read_text(encoding="utf-8", errors="replace")
+            for f in m["files"] if f["split"] == split]
+
+
+def cache_dir() -> pathlib.Path:
+    d = pathlib.Path(os.environ.get("DISPATCH_CACHE", pathlib.Path.home() / ".cache" / "dispatch"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def train_tokenizer(vocab_size: int = 4096, root: pathlib.Path | None = None):
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on the train files (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 300:
+        raise ValueError(f"vocab_size must be >= 300 (256 bytes + merges), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[SPECIAL], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(split_texts("train", root), trainer=trainer)
+    return tok
+
+
+def tokenizer(vocab_size: int = 4096, root: pathlib.Path | None = None, rebuild: bool = False):
+    """The cached tokenizer for this corpus (trained on first use, then read from the cache)."""
+    from tokenizers import Tokenizer
+
+    path = cache_dir() / f"bpe-{manifest(root)['hash']}-{vocab_size}.json"
+    if path.exists() and not rebuild:
+        return Tokenizer.from_file(str(path))
+    tok = train_tokenizer(vocab_size, root)
+    tmp = path.with_suffix(".tmp")
+    tok.save(str(tmp))
+    tmp.replace(path)  # atomic: a half-written cache file is never read
+    return tok
+
+
+def encode_split(tok, split: str, root: pathlib.Path | None = None) -> torch.Tensor:
+    """Token ids [n] (int64) of a split: files joined by the end-of-text token.
+
+    ``tok`` is a ``tokenizers.Tokenizer`` or a transformers tokenizer.
+    """
+    texts = split_texts(split, root)
+    if hasattr(tok, "encode_batch"):
+        rows = [e.ids for e in tok.encode_batch(texts)]
+        eot = tok.token_to_id(SPECIAL)
+    else:
+        rows = tok(texts, add_special_tokens=False)["input_ids"]
+        eot = tok.convert_tokens_to_ids(SPECIAL)
+    ids = []
+    for r in rows:
+        ids.extend(r)
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def wikitext2_text(split: str = "test") -> str:
+    """WikiText-2 (raw) as one string, from the Hugging Face hub (needs ``datasets`` + internet)."""
+    try:
+        import datasets
+    except ImportError as e:  # only this path needs it
+        raise ImportError("WikiText-2 needs the `datasets` package: pip install datasets") from e
+    rows = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"]
+    return "".join(rows)
+
+
+def unigram_perplexity(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int) -> float:
+    """Perplexity on ``val_ids`` of the token frequencies of ``train_ids`` (add-one smoothing).
+
+    The baseline a language model must beat: it knows how common each token is, nothing of context.
+    """
+    counts_V = torch.bincount(train_ids, minlength=vocab_size).double() + 1.0
+    logp_V = counts_V.log() - counts_V.sum().log()
+    return math.exp(-logp_V[val_ids].mean().item())
+
+
+def batches(ids: torch.Tensor, seq_len: int, batch_size: int, *, seed: int) -> "iter[torch.Tensor]":
+    """Endless random windows [batch_size, seq_len + 1] of ``ids`` (seeded, reproducible)."""
+    if ids.numel() <= seq_len + 1:
+        raise ValueError(f"need more than seq_len + 1 = {seq_len + 1} tokens, got {ids.numel()}")
+    g = torch.Generator().manual_seed(seed)
+    offs_1L = torch.arange(seq_len + 1)
+    while True:
+        start_B = torch.randint(0, ids.numel() - seq_len - 1, (batch_size,), generator=g)
+        yield ids[start_B[:, None] + offs_1L[None, :]]
+
+
+def windows(ids: torch.Tensor, seq_len: int, max_tokens: int) -> torch.Tensor:
+    """The first ``max_tokens`` of ``ids`` cut into consecutive windows [n, seq_len + 1]
+    (each window shares its last token with the next one's first, so every token is predicted once).
+    """
+    n = min(max_tokens, ids.numel() - 1) // seq_len
+    if n < 1:
+        raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} tokens, got {ids.numel()}")
+    return torch.stack([ids[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)])
+
+
+def token_counts(ids: torch.Tensor) -> Counter:
+    return Counter(ids.tolist())

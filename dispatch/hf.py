@@ -1,0 +1,152 @@
+"""The bridge to transformers: MoEConfig from a transformers config, MoEWeights from its MoE blocks.
+
+Supported families (transformers 5 attribute names, checked against 5.17 and 5.24):
+
+    model_type    block class              I from                 E from
+    olmoe         OlmoeSparseMoeBlock      intermediate_size      num_experts
+    mixtral       MixtralSparseMoeBlock    intermediate_size      num_local_experts
+    qwen2_moe     Qwen2MoeSparseMoeBlock   moe_intermediate_size  num_experts   (+ gated shared expert)
+    qwen3_moe     Qwen3MoeSparseMoeBlock   moe_intermediate_size  num_experts
+    deepseek_v3   DeepseekV3MoE            moe_intermediate_size  n_routed_experts (+ shared experts)
+
+transformers 5 stores a block's experts fused (``experts.gate_up_proj [E, 2I, H]``,
+``experts.down_proj [E, H, I]``) — the layout of :class:`MoEWeights`, so routed experts are shared,
+not copied. The shared-expert MLPs are three ``nn.Linear``; their gate and up weights are
+concatenated into ``shared_gate_up_2SH`` (a copy).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from dispatch.config import MoEConfig, MoEWeights
+
+SUPPORTED = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+
+# allenai/OLMoE-1B-7B-0924, config.json as published on the Hugging Face Hub (Muennighoff et al.,
+# "OLMoE: Open Mixture-of-Experts Language Models", 2024). Embedded so chapter 0's arithmetic runs
+# offline; `hub_config(name, source="hub")` fetches the live file instead.
+OLMOE_1B_7B = {
+    "model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024, "num_experts": 64,
+    "num_experts_per_tok": 8, "num_hidden_layers": 16, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "vocab_size": 50304, "max_position_embeddings": 4096,
+    "hidden_act": "silu", "norm_topk_prob": False, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "attention_bias": False, "clip_qkv": None, "router_aux_loss_coef": 0.01, "rope_theta": 10000.0,
+    "pad_token_id": 1, "eos_token_id": 50279,
+}
+EMBEDDED = {"allenai/OLMoE-1B-7B-0924": OLMOE_1B_7B}
+
+
+def hub_config(name: str, source: str = "auto"):
+    """A transformers config by hub name: ``source`` 'embedded' | 'hub' | 'auto' (embedded if known).
+
+    'embedded' needs no internet (see :data:`EMBEDDED`); 'hub' calls ``AutoConfig.from_pretrained``.
+    """
+    from transformers import AutoConfig
+
+    if source not in ("auto", "embedded", "hub"):
+        raise ValueError(f"source must be 'auto', 'embedded' or 'hub', got {source!r}")
+    if source == "hub" or (source == "auto" and name not in EMBEDDED):
+        return AutoConfig.from_pretrained(name)
+    if name not in EMBEDDED:
+        raise ValueError(f"no embedded config for {name!r}; embedded: {sorted(EMBEDDED)}")
+    values = dict(EMBEDDED[name])
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def config_from_hf(hf_config) -> MoEConfig:
+    """The :class:`MoEConfig` of one MoE layer of a transformers model config."""
+    kind = getattr(hf_config, "model_type", None)
+    if kind not in SUPPORTED:
+        raise ValueError(f"model_type must be one of {SUPPORTED}, got {kind!r}")
+    act = getattr(hf_config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"the reference experts are SwiGLU: hidden_act must be 'silu', got {act!r}")
+    c = hf_config
+    H, K = c.hidden_size, c.num_experts_per_tok
+    if kind == "olmoe":
+        return MoEConfig(H, c.intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob), family=kind)
+    if kind == "mixtral":  # MixtralTopKRouter always renormalises
+        return MoEConfig(H, c.intermediate_size, c.num_local_experts, K, norm_topk_prob=True, family=kind)
+    if kind == "qwen2_moe":
+        return MoEConfig(H, c.moe_intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob),
+                         shared_intermediate_size=c.shared_expert_intermediate_size, shared_gate=True, family=kind)
+    if kind == "qwen3_moe":
+        return MoEConfig(H, c.moe_intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob), family=kind)
+    return MoEConfig(H, c.moe_intermediate_size, c.n_routed_experts, K, scoring="sigmoid",
+                     norm_topk_prob=bool(c.norm_topk_prob), n_group=c.n_group, topk_group=c.topk_group,
+                     routed_scaling_factor=float(c.routed_scaling_factor), correction_bias=True,
+                     shared_intermediate_size=c.moe_intermediate_size * c.n_shared_experts, family=kind)
+
+
+def _mlp_gate_up_down(mlp) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transformers SwiGLU MLP (gate_proj, up_proj, down_proj) → (gate_up_2SH, down_HS)."""
+    return torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0).detach(), mlp.down_proj.weight.detach()
+
+
+def weights_from_hf(block, cfg: MoEConfig) -> MoEWeights:
+    """The :class:`MoEWeights` of a transformers sparse MoE block (see the table above), validated."""
+    experts, gate = getattr(block, "experts", None), getattr(block, "gate", None)
+    if experts is None or gate is None or not hasattr(experts, "gate_up_proj"):
+        raise ValueError(f"expected a transformers 5 sparse MoE block with .gate and fused .experts, "
+                         f"got {type(block).__name__}")
+    w = MoEWeights(router_EH=gate.weight.detach(), gate_up_E2IH=experts.gate_up_proj.detach(),
+                   down_EHI=experts.down_proj.detach())
+    if cfg.correction_bias:
+        w.bias_E = gate.e_score_correction_bias.detach()
+    if cfg.shared_intermediate_size:
+        shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+        if shared is None:
+            raise ValueError(f"the config asks for a shared expert but {type(block).__name__} has none")
+        w.shared_gate_up_2SH, w.shared_down_HS = _mlp_gate_up_down(shared)
+    if cfg.shared_gate:
+        w.shared_gate_1H = block.shared_expert_gate.weight.detach()
+    w.validate(cfg)
+    return w
+
+
+def moe_blocks(model) -> Iterator[tuple[int, torch.nn.Module]]:
+    """Yield (layer_idx, block) for each decoder layer whose MLP is a sparse MoE block.
+
+    Dense layers (DeepSeek-V3's first ``first_k_dense_replace``, Qwen2-MoE's ``mlp_only_layers``)
+    are skipped. Works on ``*ForCausalLM`` and on the bare ``*Model``.
+    """
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"expected a transformers decoder with .layers (or .model.layers), got {type(model).__name__}")
+    for idx, layer in enumerate(layers):
+        mlp = getattr(layer, "mlp", None)
+        if mlp is not None and hasattr(mlp, "gate") and hasattr(getattr(mlp, "experts", None), "gate_up_proj"):
+            yield idx, mlp
+
+
+def model_shape_from_hf(hf_config):
+    """The :class:`dispatch.arithmetic.ModelShape` (layers, vocab, attention sizes) of a config.
+
+    Exact parameter counts for olmoe, mixtral, qwen2_moe, qwen3_moe (tests check them against
+    transformers models built on the meta device). DeepSeek-V3's latent attention (MLA) is not
+    modelled: a ValueError says so.
+    """
+    from dispatch.arithmetic import ModelShape
+
+    c, moe = hf_config, config_from_hf(hf_config)
+    if moe.family == "deepseek_v3":
+        raise ValueError("model_shape_from_hf models GQA attention; DeepSeek-V3's MLA is not supported")
+    heads = c.num_attention_heads
+    kv = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    q, k = heads * head_dim, kv * head_dim
+    extra = {"olmoe": q + k,  # q_norm / k_norm over all heads
+             "qwen3_moe": 2 * head_dim,  # per-head q_norm / k_norm
+             "qwen2_moe": q + 2 * k,  # q, k, v biases
+             "mixtral": 0}[moe.family]
+    dense = 0
+    if moe.family in ("qwen2_moe", "qwen3_moe"):
+        dense = sum(1 for i in range(c.num_hidden_layers)
+                    if i in (c.mlp_only_layers or []) or (i + 1) % c.decoder_sparse_step)
+    return ModelShape(moe=moe, num_layers=c.num_hidden_layers, vocab_size=c.vocab_size, num_heads=heads,
+                      num_kv_heads=kv, head_dim=head_dim, tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+                      attention_extra_params=extra, dense_layers=dense,
+                      dense_intermediate_size=c.intermediate_size if dense else 0)

@@ -1,0 +1,170 @@
+"""The reference MoE layer in plain PyTorch: the ground truth every kernel is checked against.
+
+    x_TH → router logits_TE → scores → top-K → weights_TK, ids_TK
+         → per-expert SwiGLU loop → y_TH (+ shared expert)
+
+It is written to reproduce transformers 5's MoE blocks bit for bit in fp32: the same ops in the
+same order (rows of an expert gathered in (k, t) order; contributions added into a zero fp32/x-dtype
+buffer expert by expert, in ascending expert id — that is this layer's fixed summation order).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from dispatch.config import MoEConfig, MoEWeights
+
+
+def check_input(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights | None = None) -> None:
+    """Raise ValueError unless ``x_TH`` is a floating [T, H] tensor matching ``cfg`` (and ``w``)."""
+    if not isinstance(x_TH, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x_TH).__name__}")
+    if not x_TH.is_floating_point():
+        raise ValueError(f"x must be floating point, got dtype {x_TH.dtype}")
+    if x_TH.dim() != 2 or x_TH.shape[1] != cfg.hidden_size:
+        raise ValueError(f"x must have shape [T, H={cfg.hidden_size}], got {tuple(x_TH.shape)}")
+    if w is not None:
+        w.validate(cfg)
+        if w.router_EH.device != x_TH.device:
+            raise ValueError(f"x is on {x_TH.device} but the weights are on {w.router_EH.device}")
+        if w.gate_up_E2IH.dtype != x_TH.dtype:
+            raise ValueError(f"x has dtype {x_TH.dtype} but the expert weights are {w.gate_up_E2IH.dtype}")
+
+
+def route_reference(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tensor | None = None):
+    """Router logits → (weights_TK fp32, ids_TK int64); k = 0 is each token's first choice.
+
+    softmax families: p = softmax(logits) in fp32, top-K of p, optionally renormalised.
+    sigmoid (DeepSeek-V3): s = sigmoid(logits); choice scores s + bias_E; the best ``topk_group``
+    of ``n_group`` groups (a group scores the sum of its top-2 choice scores) are kept; top-K of
+    the kept choice scores; weights are the *unbiased* s of the chosen experts, renormalised if
+    ``norm_topk_prob``, times ``routed_scaling_factor``.
+    """
+    if not isinstance(logits_TE, torch.Tensor) or logits_TE.dim() != 2 or not logits_TE.is_floating_point():
+        raise ValueError(f"logits must be a floating [T, E={cfg.num_experts}] tensor, got "
+                         f"{getattr(logits_TE, 'dtype', type(logits_TE).__name__)} {tuple(getattr(logits_TE, 'shape', ()))}")
+    T, E = logits_TE.shape
+    if E != cfg.num_experts:
+        raise ValueError(f"logits must have E={cfg.num_experts} columns, got {E}")
+    if cfg.scoring == "softmax":
+        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
+        weights_TK, ids_TK = torch.topk(probs_TE, cfg.top_k, dim=-1)
+        if cfg.norm_topk_prob:
+            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        return weights_TK * cfg.routed_scaling_factor if cfg.routed_scaling_factor != 1.0 else weights_TK, ids_TK
+
+    scores_TE = logits_TE.float().sigmoid()
+    choice_TE = scores_TE + bias_E.float() if bias_E is not None else scores_TE
+    if cfg.n_group > 1:
+        G = cfg.n_group
+        group_TG = choice_TE.view(T, G, E // G).topk(min(2, E // G), dim=-1)[0].sum(dim=-1)
+        keep_TG = torch.zeros_like(group_TG, dtype=torch.bool)
+        keep_TG.scatter_(1, torch.topk(group_TG, cfg.topk_group, dim=-1, sorted=False)[1], True)
+        keep_TE = keep_TG.unsqueeze(-1).expand(T, G, E // G).reshape(T, E)
+        choice_TE = choice_TE.masked_fill(~keep_TE, float("-inf"))
+    ids_TK = torch.topk(choice_TE, cfg.top_k, dim=-1)[1]
+    weights_TK = scores_TE.gather(1, ids_TK)
+    if cfg.norm_topk_prob:
+        weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights_TK * cfg.routed_scaling_factor, ids_TK
+
+
+def swiglu_expert(x_MH: torch.Tensor, gate_up_2IH: torch.Tensor, down_HI: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU expert: down(silu(gate(x)) * up(x)) — [M, H] → [M, H]."""
+    gate_MI, up_MI = F.linear(x_MH, gate_up_2IH).chunk(2, dim=-1)
+    return F.linear(F.silu(gate_MI) * up_MI, down_HI)
+
+
+def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.Tensor:
+    """The routed experts, one at a time: y_TH = Σ_k weights_TK[t,k] · expert_{ids_TK[t,k]}(x_t).
+
+    Each expert's rows are gathered in (k, t) order; contributions are added expert by expert in
+    ascending id (the layer's fixed summation order). Experts that receive nothing are skipped.
+    """
+    E = gate_up_E2IH.shape[0]
+    if ids_TK.shape != weights_TK.shape or ids_TK.dim() != 2 or ids_TK.shape[0] != x_TH.shape[0]:
+        raise ValueError(f"ids and weights must both be [T={x_TH.shape[0]}, K], got "
+                         f"{tuple(ids_TK.shape)} and {tuple(weights_TK.shape)}")
+    experts = torch.unique(ids_TK).tolist()  # ascending
+    if experts and not (0 <= experts[0] and experts[-1] < E):
+        raise ValueError(f"expert ids must lie in [0, E={E}), got min {experts[0]} max {experts[-1]}")
+    y_TH = torch.zeros_like(x_TH)
+    for e in experts:
+        k_pos, t_idx = torch.where(ids_TK.T == e)
+        out_MH = swiglu_expert(x_TH[t_idx], gate_up_E2IH[e], down_EHI[e])
+        out_MH = out_MH * weights_TK[t_idx, k_pos, None].to(out_MH.dtype)
+        y_TH.index_add_(0, t_idx, out_MH.to(y_TH.dtype))
+    return y_TH
+
+
+def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor | None:
+    """The shared expert (Qwen2-MoE: behind a sigmoid gate; DeepSeek: ungated), or None."""
+    if not cfg.shared_intermediate_size:
+        return None
+    out_TH = swiglu_expert(x_TH, w.shared_gate_up_2SH, w.shared_down_HS)
+    if cfg.shared_gate:
+        out_TH = torch.sigmoid(F.linear(x_TH, w.shared_gate_1H)) * out_TH
+    return out_TH
+
+
+def router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
+    """x_TH @ router_EH.T — in fp32 for sigmoid (DeepSeek-V3) routing, as transformers does."""
+    if cfg.scoring == "sigmoid":
+        return F.linear(x_TH.float(), w.router_EH.float())
+    return F.linear(x_TH, w.router_EH)
+
+
+def moe_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
+    """The whole layer: [T, H] → [T, H]. An empty batch (T = 0) returns an empty output."""
+    check_input(x_TH, cfg, w)
+    if x_TH.shape[0] == 0:
+        return x_TH.new_zeros(0, cfg.hidden_size)
+    weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg, w.bias_E)
+    y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI)
+    shared_TH = shared_reference(x_TH, cfg, w)
+    return y_TH if shared_TH is None else y_TH + shared_TH
+
+
+class ReferenceMoE(torch.nn.Module):
+    """The reference layer as an ``nn.Module``: cfg + weights (as buffers), forward [T, H] or [B, S, H].
+
+    Drop-in for a transformers sparse MoE block (its forward returns the same tensor):
+    ``ReferenceMoE.from_hf(block, hf_config)``.
+    """
+
+    def __init__(self, cfg: MoEConfig, w: MoEWeights):
+        super().__init__()
+        w.validate(cfg)
+        self.cfg = cfg
+        self._names = list(w.tensors())
+        for name, t in w.tensors().items():
+            self.register_buffer(name, t)
+
+    @classmethod
+    def from_hf(cls, block, hf_config) -> "ReferenceMoE":
+        from dispatch.hf import config_from_hf, weights_from_hf
+
+        cfg = config_from_hf(hf_config)
+        return cls(cfg, weights_from_hf(block, cfg))
+
+    @property
+    def weights(self) -> MoEWeights:
+        return MoEWeights(**{n: getattr(self, n) for n in self._names})
+
+    def route(self, x_TH: torch.Tensor):
+        """(logits_TE, weights_TK fp32, ids_TK int64) of a [T, H] input."""
+        w = self.weights
+        check_input(x_TH, self.cfg, w)
+        logits_TE = router_logits(x_TH, self.cfg, w)
+        return (logits_TE, *route_reference(logits_TE, self.cfg, w.bias_E))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
+            raise ValueError(f"x must be [T, H] or [B, S, H], got {tuple(getattr(x, 'shape', ()))}")
+        x_TH = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+        return moe_reference(x_TH, self.cfg, self.weights).reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return repr(self.cfg)

@@ -1,0 +1,64 @@
+"""The book's plumbing: one repository address, chapter headers, parameters cells, dependencies."""
+import json
+import pathlib
+import re
+
+import pytest
+import yaml
+
+from dispatch import book
+
+ROOT = book.ROOT
+NOTEBOOKS = book.chapters()
+
+
+def test_every_chapter_in_toc_exists():
+    toc = (ROOT / "_toc.yml").read_text()
+    listed = re.findall(r"file: (notebooks/\S+)", toc)
+    assert listed, "the _toc.yml lists no chapters"
+    assert [f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS] == listed
+
+
+def test_repository_url_in_one_place():
+    url = book.repo_url()
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert cfg["repository"]["url"] == url
+    for nb in NOTEBOOKS:
+        cells = json.loads(nb.read_text())["cells"]
+        badge, install = "".join(cells[0]["source"]), "".join(cells[1]["source"])
+        title = re.match(r"# (.+)", badge).group(1)
+        assert badge.startswith(book.badge_source(nb, title)), f"{nb.name}: run `python -m dispatch.book sync`"
+        assert install == book.install_source(), f"{nb.name}: run `python -m dispatch.book sync`"
+        assert url.removeprefix("https://github.com/") in badge and url in install
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_structure(nb):
+    data = json.loads(nb.read_text())
+    cells = data["cells"]
+    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# ")
+    params = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(params) == 1, f"{nb.name}: exactly one cell tagged 'parameters'"
+    assert re.search(r"^device\s*=", "".join(params[0]["source"]), re.M), f"{nb.name}: no `device` parameter"
+    assert data["metadata"].get("accelerator") == "GPU"
+    for c in cells:
+        if c["cell_type"] != "code":
+            continue
+        src = "".join(c["source"])
+        assert c.get("execution_count") is not None or not src.strip() or c is cells[1], \
+            f"{nb.name}: a code cell has no stored output; run `python -m dispatch.book run {nb.name}`"
+        if "NBVAL_IGNORE_OUTPUT" in src:
+            line = next(ln for ln in src.splitlines() if "NBVAL_IGNORE_OUTPUT" in ln)
+            assert len(line.split("NBVAL_IGNORE_OUTPUT", 1)[1].strip(" :-—()")) > 10, \
+                f"{nb.name}: every NBVAL_IGNORE_OUTPUT says why the output varies"
+        assert not any(o.get("output_type") == "error" for o in c.get("outputs", [])), f"{nb.name}: error output"
+
+
+def test_conda_environment_matches_pyproject():
+    deps = book._pyproject()["project"]
+    wanted = set(deps["dependencies"]) | set(deps["optional-dependencies"]["book"]) | set(
+        deps["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
+    names = lambda specs: {re.split(r"[<>=!\[ ]", s, maxsplit=1)[0].lower() for s in specs}  # noqa: E731
+    assert names(wanted) - {"torch"} == names(pip) - {"-e ."}
