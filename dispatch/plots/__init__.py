@@ -1,0 +1,22 @@
+"""The book's figures: one module per chapter (``routing``, ``sorting``, ``gemm``, ``decode``,
+``parallel``, ``balance``), sharing the few conventions below."""
+from __future__ import annotations
+
+# One palette for contestants across every chapter's benchmark figures.
+COLORS = {
+    "ours": "#d62728",
+    "dispatch": "#d62728",
+    "eager": "#7f7f7f",
+    "grouped_mm": "#1f77b4",
+    "batched_mm": "#2ca02c",
+    "torch": "#9467bd",
+    "nccl": "#1f77b4",
+    "p2p": "#d62728",
+    "ceiling": "#000000",
+}
+
+
+def color(name: str) -> str:
+    """A contestant's colour (a stable fallback for unknown names)."""
+    palette = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e"]
+    return COLORS.get(name, palette[sum(map(ord, name)) % len(palette)])
