@@ -22,7 +22,7 @@ import os
 import pathlib
 import platform
 import sysconfig
-from collections import Counter
+
 
 import torch
 
@@ -160,5 +160,3 @@ def windows(ids: torch.Tensor, seq_len: int, max_tokens: int) -> torch.Tensor:
     return torch.stack([ids[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)])
 
 
-def token_counts(ids: torch.Tensor) -> Counter:
-    return Counter(ids.tolist())

@@ -150,3 +150,71 @@ def model_shape_from_hf(hf_config):
                       num_kv_heads=kv, head_dim=head_dim, tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
                       attention_extra_params=extra, dense_layers=dense,
                       dense_intermediate_size=c.intermediate_size if dense else 0)
+
+
+# Tiny random models of each family (no download): CPU-sized, for tests and chapter 0.
+TINY_COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   vocab_size=128, max_position_embeddings=64, pad_token_id=None, bos_token_id=None,
+                   eos_token_id=None)
+TINY_FAMILIES = {
+    "olmoe": dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    "mixtral": dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": dict(intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                      num_experts=8, num_experts_per_tok=2, norm_topk_prob=True),
+    "qwen3_moe": dict(intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                      norm_topk_prob=True, head_dim=16),
+    "deepseek_v3": dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+                        n_group=4, topk_group=2, n_shared_experts=2, first_k_dense_replace=1, q_lora_rank=32,
+                        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                        routed_scaling_factor=2.5),
+}
+
+
+def tiny_model(family: str, *, seed: int = 0, experts_implementation: str = "eager", **overrides):
+    """(hf_config, model): a tiny random ``*ForCausalLM`` of ``family``, in eval mode.
+
+    ``experts_implementation='eager'`` is the per-expert loop the reference mirrors (transformers 5
+    would otherwise pick ``grouped_mm``). DeepSeek-V3's selection bias is zero at init: it is set
+    to N(0, 0.1) here so that it matters.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"family must be one of {sorted(TINY_FAMILIES)}, got {family!r}")
+    hf_config = AutoConfig.for_model(family, **{**TINY_COMMON, **TINY_FAMILIES[family], **overrides})
+    hf_config._experts_implementation = experts_implementation
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config).eval()
+    for _, block in moe_blocks(model):
+        if hasattr(block.gate, "e_score_correction_bias"):
+            with torch.no_grad():
+                block.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    return hf_config, model
+
+
+def check_block(block, hf_config, x_TH: torch.Tensor) -> dict[str, str]:
+    """Compare :class:`ReferenceMoE` with a transformers block on x_TH [T, H]: part → verdict.
+
+    Verdicts: 'bit-exact'; 'same set' (ids equal per token up to order: DeepSeek-V3 takes
+    ``topk(sorted=False)``); 'within 4 ulp' (relative to the largest entry); 'DIFFERENT'.
+    """
+    from dispatch.reference import ReferenceMoE
+
+    ref = ReferenceMoE.from_hf(block, hf_config)
+    with torch.no_grad():
+        logits_hf, w_hf, ids_hf = block.gate(x_TH)
+        logits, w, ids = ref.route(x_TH)
+        y_hf, y = block(x_TH[None])[0], ref(x_TH)
+    eps = torch.finfo(y.dtype).eps
+
+    def verdict(a, b):
+        if torch.equal(a, b):
+            return "bit-exact"
+        return "within 4 ulp" if (a - b).abs().max() <= 4 * eps * b.abs().max() else "DIFFERENT"
+
+    same_set = torch.equal(ids.sort(-1)[0], ids_hf.sort(-1)[0])
+    by_id = verdict(w.to(w_hf.dtype).gather(1, ids.argsort(-1)), w_hf.gather(1, ids_hf.argsort(-1)))
+    return {"router logits": verdict(logits, logits_hf),
+            "expert ids": "bit-exact" if torch.equal(ids, ids_hf) else "same set" if same_set else "DIFFERENT",
+            "weights": verdict(w.to(w_hf.dtype), w_hf) if torch.equal(ids, ids_hf) else by_id + " (by id)",
+            "output": verdict(y, y_hf)}

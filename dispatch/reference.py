@@ -103,7 +103,11 @@ def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch
     """The shared expert (Qwen2-MoE: behind a sigmoid gate; DeepSeek: ungated), or None."""
     if not cfg.shared_intermediate_size:
         return None
-    out_TH = swiglu_expert(x_TH, w.shared_gate_up_2SH, w.shared_down_HS)
+    # Two GEMMs, not one fused: transformers' shared MLP is three nn.Linear, and a GEMM of 2S
+    # output columns may round differently from two of S (the fused form is off by ~1 ulp on CPU).
+    S = cfg.shared_intermediate_size
+    gate_TS, up_TS = F.linear(x_TH, w.shared_gate_up_2SH[:S]), F.linear(x_TH, w.shared_gate_up_2SH[S:])
+    out_TH = F.linear(F.silu(gate_TS) * up_TS, w.shared_down_HS)
     if cfg.shared_gate:
         out_TH = torch.sigmoid(F.linear(x_TH, w.shared_gate_1H)) * out_TH
     return out_TH

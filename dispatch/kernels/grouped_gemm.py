@@ -21,6 +21,7 @@ from dispatch import runtime
 from dispatch.kernels import gemm_config as gc
 from dispatch.kernels.combine import combine, combine_torch  # noqa: F401  (re-exported)
 from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.sort import sort_by_expert
 
 
 @triton.jit
@@ -238,10 +239,27 @@ def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Gem
     return combine(out_NH, K)
 
 
-def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int):
-    """The sort engineer's ``dispatch.kernels.sort.sort_by_expert`` (its torch twin as a stand-in)."""
-    try:
-        from dispatch.kernels.sort import sort_by_expert as _sort
-    except ImportError:
-        from dispatch.kernels._sort_fallback import sort_by_expert_torch as _sort
-    return _sort(ids_TK, num_experts, block_m)
+# ---- plain-PyTorch twins (what the kernels compute, slot by slot) ----
+
+def grouped_up_swiglu_torch(x_TH, routes, gate_up_E2IH) -> torch.Tensor:
+    """Twin of :func:`grouped_up_swiglu`: h_PI with padding slots (and unused blocks) zero."""
+    T, H = x_TH.shape
+    N, P, B = routes.slot_of_N.numel(), routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
+    I = gate_up_E2IH.shape[1] // 2
+    rows_P = routes.sorted_rows_P.long()
+    e_P = routes.block_expert_B.long().repeat_interleave(P // B)
+    valid_P = (rows_P < N) & (e_P >= 0)
+    h_PI = x_TH.new_zeros(P, I)
+    xs = x_TH[rows_P[valid_P] // (N // T)].float()
+    gu = torch.einsum("mh,mnh->mn", xs, gate_up_E2IH[e_P[valid_P]].float())
+    h_PI[valid_P] = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(x_TH.dtype)
+    return h_PI
+
+
+def grouped_down_torch(h_PI, routes, down_EHI, weights_TK) -> torch.Tensor:
+    """Twin of :func:`grouped_down`: out_NH[n] = weight[n] · (h[slot_of_N[n]] @ down[e(n)].T)."""
+    N, P, B = routes.slot_of_N.numel(), routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
+    slot_N = routes.slot_of_N.long()
+    e_N = routes.block_expert_B.long()[slot_N // (P // B)]
+    out_NH = torch.einsum("ni,nhi->nh", h_PI[slot_N].float(), down_EHI[e_N].float())
+    return (out_NH * weights_TK.reshape(-1, 1).float()).to(h_PI.dtype)

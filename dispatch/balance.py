@@ -1,0 +1,234 @@
+"""Load balance, measured: how tokens spread over experts, what capacity limits cost, where experts go.
+
+Shape legend: T tokens · E experts · K experts per token · L layers · R ranks · S slots per rank.
+
+- Expert load: :func:`expert_counts`, :func:`load_stats` (busiest / mean, coefficient of variation).
+- Capacity at inference: :func:`capacity_keep_mask` — the rule a capacity-limited layer applies.
+- Balancing in training: :func:`aux_loss` (Switch), :func:`z_loss` (ST-MoE), :func:`update_bias`
+  (DeepSeek-V3's auxiliary-loss-free bias).
+- Placement: :class:`Placement`, the map from ranks to expert replicas that the expert-parallel
+  layer (``dispatch/parallel``) accepts; :func:`contiguous_placement`, :func:`greedy_placement`.
+- Specialisation: :func:`top_tokens` — which tokens each expert takes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+# ---------------------------------------------------------------- load
+def expert_counts(ids_TK: torch.Tensor, num_experts: int, keep_TK: torch.Tensor | None = None) -> torch.Tensor:
+    """Routed (token, choice) pairs per expert: counts_E int64 (dropped pairs excluded if ``keep_TK``)."""
+    flat = ids_TK.reshape(-1).long()
+    if keep_TK is not None:
+        flat = flat[keep_TK.reshape(-1)]
+    return torch.bincount(flat, minlength=num_experts)[:num_experts].cpu()
+
+
+def load_stats(counts_E) -> dict:
+    """``max_over_mean`` (1.0 = perfect balance), ``min_over_mean`` and ``cv`` (std / mean)."""
+    c = torch.as_tensor(counts_E, dtype=torch.float64)
+    mean = c.mean().item()
+    if mean == 0:
+        return {"max_over_mean": 1.0, "min_over_mean": 1.0, "cv": 0.0}
+    return {"max_over_mean": c.max().item() / mean, "min_over_mean": c.min().item() / mean,
+            "cv": c.std(unbiased=False).item() / mean}
+
+
+# ---------------------------------------------------------------- capacity
+def capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Slots per expert: ``ceil(capacity_factor · T·K / E)`` (the mean load times the factor)."""
+    if capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
+    return math.ceil(capacity_factor * num_tokens * top_k / num_experts)
+
+
+def capacity_keep_mask(ids_TK: torch.Tensor, num_experts: int, capacity_factor: float | None) -> torch.Tensor:
+    """Which (token, choice) pairs an expert with ``capacity(T, K, E, cf)`` slots accepts.
+
+    Priority rule: every token's first choice (k = 0) before any second choice (k = 1), and so
+    on; within one k, tokens in order. A pair over its expert's capacity is dropped: it
+    contributes nothing and the residual stream carries the token past that expert.
+    ``capacity_factor=None`` is dropless (all True).
+
+    Example: ids_TK = [[0, 1], [0, 2], [0, 1]], E = 4, cf = 1.0 → capacity ceil(6/4) = 2;
+    order (t0,k0)=0 (t1,k0)=0 (t2,k0)=0 (t0,k1)=1 (t1,k1)=2 (t2,k1)=1 → expert 0 keeps t0, t1
+    and drops t2 → keep_TK = [[T, T], [T, T], [F, T]].
+    """
+    if ids_TK.dim() != 2:
+        raise ValueError(f"ids_TK must be [T, K], got shape {tuple(ids_TK.shape)}")
+    T, K = ids_TK.shape
+    if capacity_factor is None or T == 0:
+        return torch.ones_like(ids_TK, dtype=torch.bool)
+    if ids_TK.numel() and (ids_TK.min() < 0 or ids_TK.max() >= num_experts):
+        raise ValueError(f"ids_TK must hold expert ids in [0, {num_experts}), got {ids_TK.min()}..{ids_TK.max()}")
+    cap = capacity(T, K, num_experts, capacity_factor)
+    ids_N = ids_TK.t().reshape(-1).long()  # n = k·T + t: the priority order
+    onehot_NE = torch.nn.functional.one_hot(ids_N, num_experts)
+    pos_N = (onehot_NE.cumsum(0) * onehot_NE).sum(1) - 1  # place of each pair in its expert's queue
+    return (pos_N < cap).reshape(K, T).t()
+
+
+# ---------------------------------------------------------------- training-time balancing
+def aux_loss(logits_TE: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
+    """Switch-Transformer load-balancing loss of one layer: ``E · Σ_e f_e · P_e`` with
+    f_e = pairs routed to e / T (sums to K) and P_e = mean softmax probability of e.
+    Equals transformers' ``load_balancing_loss_func`` for one layer; K when perfectly balanced.
+    """
+    E = logits_TE.shape[-1]
+    probs_TE = torch.softmax(logits_TE.float(), dim=-1)
+    f_E = expert_counts(ids_TK, E).to(probs_TE.device, torch.float32) / logits_TE.shape[0]
+    return E * (f_E * probs_TE.mean(0)).sum()
+
+
+def z_loss(logits_TE: torch.Tensor) -> torch.Tensor:
+    """ST-MoE router z-loss: mean over tokens of logsumexp(logits)² (keeps router logits small)."""
+    return torch.logsumexp(logits_TE.float(), dim=-1).square().mean()
+
+
+def update_bias(bias_E: torch.Tensor, counts_E: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3's auxiliary-loss-free step: ``bias_e += rate · sign(mean load − load_e)``.
+
+    Overloaded experts lose ``rate``, underloaded gain it, experts exactly at the mean keep their
+    bias. The bias is added to the scores only to *choose* experts, never to weight them.
+    Example: counts [6, 2, 4], rate 0.1 → mean 4 → bias + [-0.1, +0.1, 0].
+    """
+    c = counts_E.to(bias_E.device, torch.float32)
+    return bias_E + rate * torch.sign(c.mean() - c)
+
+
+# ---------------------------------------------------------------- placement
+@dataclass(frozen=True)
+class Placement:
+    """Which experts each rank holds, and what share of an expert's tokens each replica serves.
+
+    ``slots_RS[r]`` lists the experts held by rank r (an expert held by several ranks is
+    replicated); ``share_RS[r][s]`` is the fraction of expert ``slots_RS[r][s]``'s tokens that
+    replica serves (an expert's shares sum to 1). Ranks may hold different numbers of slots.
+    """
+    num_experts: int
+    num_ranks: int
+    slots_RS: tuple[tuple[int, ...], ...]
+    share_RS: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self):
+        if len(self.slots_RS) != self.num_ranks or len(self.share_RS) != self.num_ranks:
+            raise ValueError(f"slots_RS and share_RS need one row per rank ({self.num_ranks})")
+        total_E = [0.0] * self.num_experts
+        for r, (slots, shares) in enumerate(zip(self.slots_RS, self.share_RS)):
+            if len(slots) != len(shares):
+                raise ValueError(f"rank {r}: {len(slots)} slots but {len(shares)} shares")
+            if len(set(slots)) != len(slots):
+                raise ValueError(f"rank {r} holds an expert twice: {slots}")
+            for e, s in zip(slots, shares):
+                if not 0 <= e < self.num_experts:
+                    raise ValueError(f"rank {r} holds expert {e}, outside [0, {self.num_experts})")
+                if not 0 < s <= 1:
+                    raise ValueError(f"rank {r}: share {s} of expert {e} must be in (0, 1]")
+                total_E[e] += s
+        bad = [e for e, t in enumerate(total_E) if abs(t - 1) > 1e-9]
+        if bad:
+            raise ValueError(f"experts {bad} are unplaced or their replica shares do not sum to 1")
+
+    @property
+    def slots_per_rank(self) -> int:
+        return max(len(s) for s in self.slots_RS)
+
+    def replicas(self, expert: int) -> list[tuple[int, float]]:
+        """(rank, share) of every replica of ``expert``."""
+        return [(r, sh) for r, (sl, shs) in enumerate(zip(self.slots_RS, self.share_RS))
+                for e, sh in zip(sl, shs) if e == expert]
+
+    def replica_loads(self, load_E) -> list[list[float]]:
+        """Load of each slot [R][S]: the expert's load times the replica's share."""
+        load = [float(x) for x in load_E]
+        return [[load[e] * sh for e, sh in zip(sl, shs)] for sl, shs in zip(self.slots_RS, self.share_RS)]
+
+    def rank_loads(self, load_E) -> list[float]:
+        """Tokens each rank computes, given the tokens routed to each expert."""
+        if len(load_E) != self.num_experts:
+            raise ValueError(f"load_E must have {self.num_experts} entries, got {len(load_E)}")
+        return [sum(row) for row in self.replica_loads(load_E)]
+
+    def max_over_mean(self, load_E) -> float:
+        """Busiest rank / mean rank: the slowdown of a step that waits for the busiest rank."""
+        loads = self.rank_loads(load_E)
+        mean = sum(loads) / len(loads)
+        return max(loads) / mean if mean else 1.0
+
+
+def contiguous_placement(num_experts: int, num_ranks: int) -> Placement:
+    """Rank r holds experts [r·E/R, (r+1)·E/R): the usual split, blind to load."""
+    if num_ranks < 1 or num_experts % num_ranks:
+        raise ValueError(f"num_experts={num_experts} must split evenly over num_ranks={num_ranks}")
+    per = num_experts // num_ranks
+    slots = tuple(tuple(range(r * per, (r + 1) * per)) for r in range(num_ranks))
+    return Placement(num_experts, num_ranks, slots, tuple((1.0,) * per for _ in range(num_ranks)))
+
+
+def greedy_placement(load_E, num_ranks: int, slots_per_rank: int) -> Placement:
+    """EPLB-style: replicate the hottest experts into the spare slots, then pack greedily.
+
+    1. Every expert gets one replica; each of the ``R·S − E`` spare slots goes to the expert with
+       the largest load per replica (at most one replica per rank). Replicas split their expert's
+       tokens equally.
+    2. Replicas, heaviest first, go to the least-loaded rank that has a free slot and does not
+       hold that expert yet (ties: lowest rank). Should none qualify, the replica's share merges
+       into the expert's least-loaded existing replica (so no rank exceeds ``slots_per_rank``).
+    With ``slots_per_rank = E / R`` there are no replicas: a load-aware partition.
+    """
+    load = [float(x) for x in load_E]
+    E, R, S = len(load), num_ranks, slots_per_rank
+    if R < 1 or S < 1 or R * S < E:
+        raise ValueError(f"{R} ranks × {S} slots cannot hold {E} experts")
+    if any(x < 0 for x in load):
+        raise ValueError("load_E must be non-negative")
+    n_E = [1] * E
+    for _ in range(R * S - E):
+        cand = [e for e in range(E) if n_E[e] < R]
+        if not cand:
+            break
+        n_E[max(cand, key=lambda e: (load[e] / n_E[e], -e))] += 1
+    reps = sorted(((load[e] / n_E[e], e) for e in range(E) for _ in range(n_E[e])), key=lambda x: (-x[0], x[1]))
+    slots = [[] for _ in range(R)]
+    shares = [[] for _ in range(R)]
+    rank_load = [0.0] * R
+    for w, e in reps:
+        ok = [r for r in range(R) if len(slots[r]) < S and e not in slots[r]]
+        if ok:
+            r = min(ok, key=lambda r: (rank_load[r], r))
+            slots[r].append(e)
+            shares[r].append(1.0 / n_E[e])
+        else:
+            r = min((r for r in range(R) if e in slots[r]), key=lambda r: (rank_load[r], r))
+            shares[r][slots[r].index(e)] += 1.0 / n_E[e]
+        rank_load[r] += w
+    return Placement(E, R, tuple(map(tuple, slots)), tuple(map(tuple, shares)))
+
+
+# ---------------------------------------------------------------- specialisation
+def top_tokens(tokens_T: torch.Tensor, ids_TK: torch.Tensor, num_experts: int, *, top: int = 5,
+               min_count: int = 10) -> list[list[tuple[int, float, int]]]:
+    """For each expert, the tokens it takes most *selectively*.
+
+    For every vocabulary token seen at least ``min_count`` times, share = fraction of its
+    occurrences routed (any k) to the expert. Returns, per expert, up to ``top`` entries
+    ``(token_id, share, count)`` sorted by share then count (ties: lower token id).
+    """
+    T, K = ids_TK.shape
+    if tokens_T.shape != (T,):
+        raise ValueError(f"tokens_T must be [{T}], got {tuple(tokens_T.shape)}")
+    tok_N = tokens_T.long().repeat_interleave(K)
+    V = int(tokens_T.max().item()) + 1 if T else 1
+    hits_VE = torch.zeros(V, num_experts, dtype=torch.int64)
+    hits_VE.index_put_((tok_N, ids_TK.reshape(-1).long()), torch.ones_like(tok_N), accumulate=True)
+    seen_V = torch.bincount(tokens_T.long(), minlength=V)
+    out = []
+    for e in range(num_experts):
+        rows = [(v, hits_VE[v, e].item() / seen_V[v].item(), seen_V[v].item())
+                for v in torch.nonzero((seen_V >= min_count) & (hits_VE[:, e] > 0)).flatten().tolist()]
+        rows.sort(key=lambda x: (-x[1], -x[2], x[0]))
+        out.append(rows[:top])
+    return out

@@ -1,0 +1,163 @@
+"""Benchmark of the routed experts: transformers' three implementations against ours, same inputs.
+
+    python -m dispatch.bench kernels [--shapes olmoe-1b-7b,...] [--tokens 1,8,...] [--quick]
+
+For each shape and token count the routing is computed once and given to every contestant; the
+timed call is the experts part (plus the shared expert in torch, for every contestant alike, where
+the layer has one). ``ours_layer`` times our whole layer (router + routing kernel + sort + experts)
+as a separate column. Ours is checked against the reference before it is timed. Rows are saved
+with ``dispatch.bench.save("kernels", rows)`` to ``results/<gpu>/kernels.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from dispatch import bench, runtime
+from dispatch.arithmetic import H200_BF16_FLOPS, H200_HBM_BPS
+from dispatch.config import PRESETS, MoEConfig, MoEWeights
+from dispatch.kernels import gemm_config as gc
+from dispatch.kernels import grouped_gemm as gg
+from dispatch.kernels import hf_baselines as hf
+from dispatch.reference import experts_reference, route_reference, router_logits, shared_reference
+
+SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "deepseek-moe-16b", "qwen3-30b-a3b")
+TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
+QUICK_TOKENS = (1, 64, 1024, 4096)
+TOLERANCE = 2e-2  # ‖ours − ref‖ / ‖ref‖ in bf16 (both round differently; the reference rounds more)
+MAX_CALL_MS = 2000.0
+
+
+def gpu_weights(cfg: MoEConfig, dtype, dev, seed: int = 0) -> MoEWeights:
+    """Random weights drawn on the device (Mixtral's 2.8 GB would take long on the host)."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    H, I, E, S = cfg.H, cfg.I, cfg.E, cfg.shared_intermediate_size
+
+    def rnd(*shape, fan_in):
+        return (torch.randn(*shape, generator=g, device=dev, dtype=torch.float32) / fan_in ** 0.5).to(dtype)
+
+    w = MoEWeights(rnd(E, H, fan_in=H), rnd(E, 2 * I, H, fan_in=H), rnd(E, H, I, fan_in=I))
+    if S:
+        w.shared_gate_up_2SH, w.shared_down_HS = rnd(2 * S, H, fan_in=H), rnd(H, S, fan_in=S)
+    if cfg.shared_gate:
+        w.shared_gate_1H = rnd(1, H, fan_in=H)
+    return w
+
+
+def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev):
+    """name -> (fn, reason it is skipped or None). Every fn returns y_TH (shared expert included)."""
+    def with_shared(fn):
+        return lambda: fn() if not cfg.shared_intermediate_size else fn() + shared_reference(x_TH, cfg, w)
+
+    T, K = ids_TK.shape
+    elt = x_TH.element_size()
+    out = {}
+    for impl in hf.IMPLEMENTATIONS:
+        mod = hf.build_experts(w.gate_up_E2IH, w.down_EHI, impl)
+        reason = hf.unavailable_reason(impl, dev, x_TH.dtype)
+        if impl == "batched_mm":  # gathers every routed row's expert weights: N · 3HI elements
+            need = T * K * 3 * cfg.H * cfg.I * elt
+            free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else 8 << 30
+            if need > 0.7 * free:
+                reason = f"would allocate {need / 2**30:.0f} GiB of gathered weights (free {free / 2**30:.0f} GiB)"
+        out[f"hf_{impl}"] = (with_shared(lambda m=mod: hf.run_experts(m, x_TH, weights_TK, ids_TK)), reason)
+    out["ours_grouped"] = (with_shared(lambda: gg.moe_experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH,
+                                                                 w.down_EHI)), None)
+    try:
+        from dispatch.kernels.gemv import moe_decode
+        if T <= 64:
+            out["ours_decode"] = (with_shared(lambda: moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH,
+                                                                    w.down_EHI)), None)
+    except ImportError:
+        pass
+    try:
+        from dispatch.moe import moe
+        out["ours_layer"] = (lambda: moe(x_TH, cfg, w), None)
+    except ImportError:
+        pass
+    return out
+
+
+def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=print) -> list[dict]:
+    cfg = PRESETS[name]
+    w = gpu_weights(cfg, dtype, dev)
+    rows = []
+    for T in tokens:
+        g = torch.Generator(device=dev).manual_seed(1000 + T)
+        x_TH = torch.randn(T, cfg.H, device=dev, generator=g, dtype=torch.float32).to(dtype)
+        weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg, w.bias_E)  # once, for all
+        ref_TH = experts_reference(x_TH, weights_TK.to(dtype), ids_TK, w.gate_up_E2IH, w.down_EHI)
+        if cfg.shared_intermediate_size:
+            ref_TH = ref_TH + shared_reference(x_TH, cfg, w)
+        flops = 2 * 3 * cfg.H * (cfg.I * T * cfg.K + cfg.shared_intermediate_size * T)
+        n_unique = int(torch.unique(ids_TK).numel())
+        weight_bytes = (n_unique * 3 * cfg.H * cfg.I + 3 * cfg.H * cfg.shared_intermediate_size) * x_TH.element_size()
+        for cname, (fn, reason) in contestants(cfg, w, x_TH, weights_TK, ids_TK, dev).items():
+            row = {"shape": name, "tokens": T, "contestant": cname, "flops": flops,
+                   "expert_bytes": weight_bytes, "unique_experts": n_unique}
+            if reason is None:
+                try:
+                    y_TH = fn()
+                    err = ((y_TH.float() - ref_TH.float()).norm() / ref_TH.float().norm().clamp_min(1e-30)).item()
+                    row["rel_err"] = err
+                    if cname.startswith("ours") and not err <= TOLERANCE:
+                        raise AssertionError(f"{cname} is wrong on {name} T={T}: rel err {err:.3g}")
+                    t0 = bench.time_ms(fn, warmup=1, rep=1) if T >= 4096 else None
+                    if t0 and t0["median_ms"] > MAX_CALL_MS:
+                        reason = f"takes {t0['median_ms']:.0f} ms a call (> {MAX_CALL_MS:.0f})"
+                    else:
+                        row.update(bench.time_ms(fn, warmup=warmup, rep=rep))
+                except torch.OutOfMemoryError as e:  # noqa: PERF203
+                    reason = f"out of memory: {str(e).splitlines()[0][:120]}"
+                    torch.cuda.empty_cache()
+            if reason is not None:
+                row["skipped"] = reason
+            else:
+                s = row["median_ms"] / 1e3
+                row["tflops"] = flops / s / 1e12
+                row["pct_peak_flops"] = 100 * flops / s / H200_BF16_FLOPS
+                if T <= 64:
+                    row["gbps"] = weight_bytes / s / 1e9
+                    row["pct_hbm"] = 100 * weight_bytes / s / H200_HBM_BPS
+                if cname == "ours_grouped":
+                    row["configs"] = {k: str(getattr(getattr(gg, k), "best_config", None))
+                                      for k in ("_up_tuned", "_down_tuned")}
+                    row["block_m"] = gc.pick_block_m(T * cfg.K, cfg.E, dev)
+            rows.append(row)
+            log(f"{name:18s} T={T:6d} {cname:14s} " + (f"{row['median_ms']:9.4f} ms {row['tflops']:7.1f} TF/s"
+                                                      f" err {row.get('rel_err', math.nan):.2e}"
+                                                      if "median_ms" in row else f"skipped: {row['skipped']}"))
+        del x_TH, ref_TH
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dispatch.bench kernels")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated PRESETS names")
+    p.add_argument("--tokens", default=None, help="comma-separated token counts")
+    p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS}, shorter timing")
+    p.add_argument("--no-save", action="store_true")
+    a = p.parse_args(argv)
+    if not runtime.HAS_CUDA:
+        raise SystemExit("the kernels benchmark needs a CUDA GPU (the chapters plot the recorded results)")
+    shapes = [s for s in a.shapes.split(",") if s]
+    for s in shapes:
+        if s not in PRESETS:
+            raise SystemExit(f"unknown shape {s!r}; choose from {sorted(PRESETS)}")
+    tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else (QUICK_TOKENS if a.quick else TOKENS)
+    dev, dtype = runtime.device("cuda"), runtime.compute_dtype()
+    warmup, rep = (5, 20) if a.quick else (10, 50)
+    rows = []
+    with torch.no_grad():
+        for s in shapes:
+            rows += measure_shape(s, tokens, dev, dtype, warmup=warmup, rep=rep)
+    if not a.no_save:
+        cmd = "python -m dispatch.bench kernels " + " ".join(argv or [])
+        path = bench.save("kernels", rows, command=cmd.strip(), extra={
+            "dtype": str(dtype).replace("torch.", ""), "ceilings": {"bf16_flops": H200_BF16_FLOPS,
+                                                                    "hbm_bytes_per_s": H200_HBM_BPS},
+            "tolerance_rel": TOLERANCE})
+        print(f"saved {path}")

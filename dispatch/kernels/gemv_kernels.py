@@ -1,0 +1,112 @@
+"""Triton kernels of the decode path; the launcher and the story are in :mod:`dispatch.kernels.gemv`.
+
+Grouping by expert happens inside the kernels: program ``slot`` finds the slot-th smallest expert id
+present in ``ids_TK`` (``_slot_expert``) and the routed rows n = t·K + k sent to it, ascending
+(``_rows_of_expert``) — no sort launch and no host sync, so a decode step is three launches.
+"""
+from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr):
+    """(expert id, row count) of the slot-th smallest expert present in ids; count 0 if none."""
+    offs_e = tl.arange(0, BLOCK_E)
+    count_E = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for n0 in range(0, N, CHUNK_N):
+        offs_n = n0 + tl.arange(0, CHUNK_N)
+        ids = tl.load(ids_ptr + (offs_n // K) * s_it + (offs_n % K) * s_ik, mask=offs_n < N, other=-1)
+        count_E += tl.sum((ids[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
+    used_E = ((count_E > 0) & (offs_e < E)).to(tl.int32)  # ids outside [0, E) never form a slot
+    is_slot = (used_E > 0) & (tl.cumsum(used_E, axis=0) - 1 == slot)
+    return tl.sum(tl.where(is_slot, offs_e, 0)), tl.sum(tl.where(is_slot, count_E, 0))
+
+
+@triton.jit
+def _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M: tl.constexpr, CHUNK_N: tl.constexpr):
+    """Routed rows n (ascending) number m0 .. m0+BLOCK_M-1 of expert e, and which of them exist."""
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    rows_M = tl.zeros([BLOCK_M], dtype=tl.int32)
+    seen = 0  # rows of e in earlier chunks
+    for n0 in range(0, N, CHUNK_N):
+        offs_n = n0 + tl.arange(0, CHUNK_N)
+        ids = tl.load(ids_ptr + (offs_n // K) * s_it + (offs_n % K) * s_ik, mask=offs_n < N, other=-1)
+        match = (ids == e).to(tl.int32)
+        rank = seen + tl.cumsum(match, axis=0) - 1
+        hit = (match[None, :] > 0) & (rank[None, :] == offs_m[:, None])
+        rows_M += tl.sum(tl.where(hit, offs_n[None, :], 0), axis=1)
+        seen += tl.sum(match, axis=0)
+    return rows_M, offs_m < count
+
+
+@triton.jit
+def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, h_ptr, N, K, E, H, I,
+                      s_xt, s_it, s_ik, s_ge, s_gi, s_hn,
+                      BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """h_NI[rows of e, i-tile] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once."""
+    slot = tl.program_id(0)
+    e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
+    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask_i = offs_i < I
+    gate_ptr = gu_ptr + e.to(tl.int64) * s_ge + offs_i[None, :] * s_gi  # [1, BLOCK_I], H is contiguous
+    up_ptr = gate_ptr + I * s_gi
+    for m0 in range(0, count, BLOCK_M):
+        rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
+        x_row = x_ptr + (rows_M // K).to(tl.int64)[:, None] * s_xt
+        acc_g = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
+        for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            mask_h = offs_h < H
+            x_MH = tl.load(x_row + offs_h[None, :], mask=valid_M[:, None] & mask_h[None, :], other=0.0)
+            w_mask = mask_h[:, None] & mask_i[None, :]
+            g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
+            u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
+            acc_g = tl.dot(x_MH, g_HI, acc_g)
+            acc_u = tl.dot(x_MH, u_HI, acc_u)
+        h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
+        h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
+        tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, out_ptr, N, K, E, H, I,
+                 s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_hn, s_on,
+                 BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+                 BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """out_NH[rows of e, h-tile] = weight · (h @ down.T), in fp32; down rows streamed once."""
+    slot = tl.program_id(0)
+    e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
+    offs_o = tl.program_id(1) * BLOCK_HO + tl.arange(0, BLOCK_HO)
+    mask_o = offs_o < H
+    down_ptr = dn_ptr + e.to(tl.int64) * s_de + offs_o[None, :] * s_dh  # [1, BLOCK_HO], I is contiguous
+    for m0 in range(0, count, BLOCK_M):
+        rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
+        h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
+        acc = tl.zeros([BLOCK_M, BLOCK_HO], dtype=tl.float32)
+        for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
+            offs_i = i0 + tl.arange(0, BLOCK_I)
+            mask_i = offs_i < I
+            h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0)
+            d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
+            acc = tl.dot(h_MI, d_IO, acc)
+        w_M = tl.load(w_ptr + (rows_M // K) * s_wt + (rows_M % K) * s_wk, mask=valid_M, other=0.0)
+        out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
+        tl.store(out, acc * w_M.to(tl.float32)[:, None], mask=valid_M[:, None] & mask_o[None, :])
+
+
+@triton.jit
+def _combine_kernel(out_ptr, ids_ptr, y_ptr, K, E, H, s_it, s_ik, s_on, s_yt, BLOCK_C: tl.constexpr):
+    """y_TH[t] = Σ_k out_NH[t·K + k] in k order, fp32, cast once; rows with an id outside [0, E) add 0."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = offs < H
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for k in range(0, K):
+        e = tl.load(ids_ptr + t * s_it + k * s_ik)
+        ok = (e >= 0) & (e < E)
+        row = tl.load(out_ptr + (t * K + k).to(tl.int64) * s_on + offs, mask=mask, other=0.0)
+        acc += tl.where(ok, row, 0.0)  # an unused row holds garbage: select, never multiply
+    tl.store(y_ptr + t.to(tl.int64) * s_yt + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)

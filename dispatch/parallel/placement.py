@@ -1,0 +1,109 @@
+"""Which rank holds which experts: a :class:`Placement` map, contiguous blocks by default.
+
+``slots_RS[r]`` lists the expert ids rank r holds, in its local slot order (slot s of rank r
+holds expert ``slots_RS[r][s]``). An expert may sit on several ranks (replicas); a routed row
+then goes to one replica by a fixed rule, :meth:`Placement.dest_rank_N`, so every run and every
+world size agrees on who computes it.
+
+    >>> Placement.contiguous(8, 2).slots_RS
+    ((0, 1, 2, 3), (4, 5, 6, 7))
+
+Compatible with the load-balance chapter's placements (``dispatch.balance``): same fields, same
+``rank_loads``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class Placement:
+    num_experts: int  # E
+    num_ranks: int  # R
+    slots_RS: tuple[tuple[int, ...], ...]  # expert id of each local slot of each rank
+
+    def __post_init__(self):
+        E, R = self.num_experts, self.num_ranks
+        if not isinstance(E, int) or E < 1 or not isinstance(R, int) or R < 1:
+            raise ValueError(f"Placement needs num_experts >= 1 and num_ranks >= 1, got {E}, {R}")
+        slots = tuple(tuple(int(e) for e in row) for row in self.slots_RS)
+        object.__setattr__(self, "slots_RS", slots)
+        if len(slots) != R:
+            raise ValueError(f"Placement.slots_RS must have one row per rank ({R}), got {len(slots)}")
+        for r, row in enumerate(slots):
+            if len(set(row)) != len(row):
+                raise ValueError(f"rank {r} holds an expert twice: {row}")
+            bad = [e for e in row if not 0 <= e < E]
+            if bad:
+                raise ValueError(f"rank {r} holds expert ids outside [0, {E}): {bad}")
+        missing = sorted(set(range(E)) - {e for row in slots for e in row})
+        if missing:
+            raise ValueError(f"every expert must sit on at least one rank; nobody holds {missing}")
+
+    @classmethod
+    def contiguous(cls, num_experts: int, num_ranks: int) -> "Placement":
+        """Rank r holds a contiguous block of experts; block sizes differ by at most one."""
+        if num_ranks > num_experts:
+            raise ValueError(f"contiguous placement needs num_ranks ({num_ranks}) <= num_experts ({num_experts})")
+        base, extra = divmod(num_experts, num_ranks)
+        rows, start = [], 0
+        for r in range(num_ranks):
+            n = base + (r < extra)
+            rows.append(tuple(range(start, start + n)))
+            start += n
+        return cls(num_experts, num_ranks, tuple(rows))
+
+    def replicas(self, expert: int) -> tuple[int, ...]:
+        """Ranks holding ``expert``, ascending."""
+        return tuple(r for r, row in enumerate(self.slots_RS) if expert in row)
+
+    def rank_loads(self, load_E) -> list[float]:
+        """Rows each rank computes when expert e receives ``load_E[e]`` rows (split evenly over replicas)."""
+        load_E = [float(v) for v in load_E]
+        if len(load_E) != self.num_experts:
+            raise ValueError(f"load_E must have {self.num_experts} entries, got {len(load_E)}")
+        out = [0.0] * self.num_ranks
+        for e, load in enumerate(load_E):
+            reps = self.replicas(e)
+            for r in reps:
+                out[r] += load / len(reps)
+        return out
+
+    def tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Lookup tensors: replica_EX (ranks of each expert, -1 padded), num_replicas_E, slot_RE
+        (local slot of expert e on rank r, -1 where r does not hold e). All int64; cached per device."""
+        return _tables(self, str(torch.device(device or "cpu")))
+
+    def _build_tables(self, device):
+        E, R = self.num_experts, self.num_ranks
+        reps = [self.replicas(e) for e in range(E)]
+        X = max(len(r) for r in reps)
+        replica_EX = torch.full((E, X), -1, dtype=torch.int64)
+        for e, rs in enumerate(reps):
+            replica_EX[e, : len(rs)] = torch.tensor(rs)
+        slot_RE = torch.full((R, E), -1, dtype=torch.int64)
+        for r, row in enumerate(self.slots_RS):
+            slot_RE[r, list(row)] = torch.arange(len(row))
+        n_E = torch.tensor([len(rs) for rs in reps], dtype=torch.int64)
+        return replica_EX.to(device), n_E.to(device), slot_RE.to(device)
+
+    def dest_rank_N(self, ids_TK: torch.Tensor, origin_rank: int) -> torch.Tensor:
+        """Destination rank of every routed row n = t·K + k of ``origin_rank``'s tokens.
+
+        Replica rule: expert e with replicas (r_0 < r_1 < ...) is served for token t of rank
+        ``origin_rank`` by r_j, j = (origin_rank + t) mod #replicas — fixed, so deterministic.
+        """
+        replica_EX, n_E, _ = self.tables(ids_TK.device)
+        T, K = ids_TK.shape
+        ids = ids_TK.long()
+        t_TK = torch.arange(T, device=ids.device).unsqueeze(1).expand(T, K)
+        j_TK = (origin_rank + t_TK) % n_E[ids]
+        return replica_EX[ids, j_TK].reshape(T * K)
+
+
+@lru_cache(maxsize=64)
+def _tables(placement: Placement, device: str):
+    return placement._build_tables(device)

@@ -1,0 +1,334 @@
+"""A small OLMoE worth routing: build, train (seeded), save, load, evaluate.
+
+The model is transformers' ``OlmoeForCausalLM`` (same modules as OLMoE-1B-7B), so everything here
+also drives the real model: :class:`RouterTap` hooks each layer's router
+(``OlmoeSparseMoeBlock.gate``, which returns ``(logits_TE, weights_TK, ids_TK)``) to record the
+routing, add a selection bias (auxiliary-loss-free balancing) or enforce an expert capacity.
+
+    python -m dispatch.train --preset cpu                   # ≤ 5 min on 2 cores → dispatch/assets/cpu
+    python -m dispatch.train --preset study --balance bias  # one run of the balancing study
+    python -m dispatch.train --preset gpu --device cuda     # the book's recorded figures
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dispatch import balance, data, runtime
+
+ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
+BIAS_FILE = "router_bias.safetensors"
+LOG_FILE = "train_log.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    vocab_size: int = 4096
+    hidden_size: int = 128  # H
+    intermediate_size: int = 64  # I per expert
+    num_layers: int = 4
+    num_heads: int = 4
+    num_experts: int = 16  # E
+    top_k: int = 2  # K
+    seq_len: int = 128
+    batch_size: int = 16  # T = batch_size · seq_len tokens per step
+    steps: int = 900
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.1
+    balance: str = "aux"  # "none" | "aux" (Switch loss) | "bias" (DeepSeek-V3, loss-free)
+    aux_coef: float = 0.01
+    z_coef: float = 0.001
+    bias_rate: float = 1e-3  # u in bias += u · sign(mean load − load)
+    seed: int = 0
+    threads: int = 2
+    log_every: int = 10
+    eval_every: int = 100
+    eval_tokens: int = 8192
+    final_eval_tokens: int = 65536
+    save_dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        if self.balance not in ("none", "aux", "bias"):
+            raise ValueError(f"balance must be 'none', 'aux' or 'bias', got {self.balance!r}")
+        if self.top_k > self.num_experts or min(self.steps, self.batch_size, self.seq_len) < 1:
+            raise ValueError("need top_k <= num_experts and positive steps, batch_size, seq_len")
+
+
+PRESETS = {
+    "cpu": TrainConfig(),  # ~2.4M parameters, ~4 min on 2 cores
+    "study": TrainConfig(steps=300, eval_every=50, final_eval_tokens=32768, z_coef=0.0, bias_rate=1e-2),
+    "gpu": TrainConfig(vocab_size=8192, hidden_size=512, intermediate_size=256, num_layers=8, num_heads=8,
+                       num_experts=64, top_k=8, seq_len=512, batch_size=64, steps=4000, lr=1e-3,
+                       warmup=200, threads=8, eval_every=250, save_dtype="bfloat16"),
+    "micro": TrainConfig(vocab_size=300, hidden_size=32, intermediate_size=16, num_layers=1, num_heads=2,
+                         num_experts=4, top_k=2, seq_len=16, batch_size=4, steps=3, warmup=1, log_every=1,
+                         eval_every=2, eval_tokens=128, final_eval_tokens=256, save_dtype="float32"),
+}
+
+
+def build_model(cfg: TrainConfig):
+    """A freshly initialised ``OlmoeForCausalLM`` (seeded by ``cfg.seed``)."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    hf = OlmoeConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                     intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_heads,
+                     num_key_value_heads=cfg.num_heads, num_experts=cfg.num_experts,
+                     num_experts_per_tok=cfg.top_k, max_position_embeddings=cfg.seq_len,
+                     tie_word_embeddings=True, pad_token_id=None, bos_token_id=None, eos_token_id=0,
+                     router_aux_loss_coef=cfg.aux_coef, output_router_logits=False)
+    return OlmoeForCausalLM(hf)
+
+
+def moe_blocks(model) -> list:
+    """The sparse MoE blocks (modules with a ``gate`` router and ``experts``), in layer order."""
+    blocks = [m for m in model.modules() if hasattr(m, "gate") and hasattr(m, "experts")]
+    if not blocks:
+        raise ValueError("model has no MoE blocks (modules with .gate and .experts)")
+    return blocks
+
+
+class RouterTap:
+    """Context manager hooking every layer's router: records, biases, limits capacity.
+
+    bias_LE: per-layer selection bias (added to the softmax scores to choose experts only).
+    capacity_factor: None = dropless; else pairs over capacity get weight 0 (skip the expert).
+    After a forward: ``counts_LE`` (kept pairs per expert, accumulated), ``dropped_L``,
+    ``pairs_L``, ``logits_L`` / ``ids_L`` / ``keep_L`` of the last forward (per layer).
+    """
+
+    def __init__(self, model, *, bias_LE: torch.Tensor | None = None, capacity_factor: float | None = None):
+        self.blocks = moe_blocks(model)
+        L, E = len(self.blocks), self.blocks[0].gate.num_experts
+        if bias_LE is not None and tuple(bias_LE.shape) != (L, E):
+            raise ValueError(f"bias_LE must be [{L}, {E}], got {tuple(bias_LE.shape)}")
+        self.bias_LE, self.capacity_factor, self.E = bias_LE, capacity_factor, E
+        self.counts_LE = torch.zeros(L, E, dtype=torch.int64)
+        self.dropped_L = [0] * L
+        self.pairs_L = [0] * L
+        self.logits_L, self.ids_L, self.keep_L = [None] * L, [None] * L, [None] * L
+        self._handles = []
+
+    def _hook(self, layer: int):
+        def hook(gate, args, output):
+            logits_TE, weights_TK, ids_TK = output
+            if self.bias_LE is not None:
+                probs_TE = torch.softmax(logits_TE.float(), dim=-1)
+                bias_E = self.bias_LE[layer].to(probs_TE.device)
+                ids_TK = torch.topk(probs_TE + bias_E, gate.top_k, dim=-1).indices
+                weights_TK = probs_TE.gather(1, ids_TK)
+                if gate.norm_topk_prob:
+                    weights_TK = weights_TK / weights_TK.sum(-1, keepdim=True)
+                weights_TK = weights_TK.to(logits_TE.dtype)
+            keep_TK = balance.capacity_keep_mask(ids_TK, self.E, self.capacity_factor)
+            if self.capacity_factor is not None:
+                weights_TK = weights_TK * keep_TK.to(weights_TK.dtype)
+            with torch.no_grad():
+                self.counts_LE[layer] += balance.expert_counts(ids_TK, self.E, keep_TK)
+            self.dropped_L[layer] += int((~keep_TK).sum())
+            self.pairs_L[layer] += keep_TK.numel()
+            self.logits_L[layer], self.ids_L[layer], self.keep_L[layer] = logits_TE, ids_TK, keep_TK
+            return logits_TE, weights_TK, ids_TK
+        return hook
+
+    def __enter__(self):
+        self._handles = [b.gate.register_forward_hook(self._hook(i)) for i, b in enumerate(self.blocks)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def dropped_fraction(self) -> float:
+        return sum(self.dropped_L) / max(1, sum(self.pairs_L))
+
+
+@torch.no_grad()
+def evaluate(model, windows_NS1: torch.Tensor, *, batch_size: int = 16, capacity_factor: float | None = None,
+             bias_LE: torch.Tensor | None = None, keep_routes: bool = False) -> dict:
+    """Perplexity, dropped fraction and expert load over validation windows [N, S+1].
+
+    ``keep_routes``: also return ``tokens_T`` and per-layer ``ids_LTK`` for specialisation.
+    """
+    dev = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    nll, n, tokens, ids = 0.0, 0, [], []
+    with RouterTap(model, bias_LE=bias_LE, capacity_factor=capacity_factor) as tap:
+        for chunk in windows_NS1.split(batch_size):
+            chunk = chunk.to(dev)
+            logits = model(input_ids=chunk[:, :-1]).logits.float()
+            nll += F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
+            n += chunk[:, 1:].numel()
+            if keep_routes:
+                tokens.append(chunk[:, :-1].reshape(-1).cpu())
+                ids.append(torch.stack([i.cpu() for i in tap.ids_L]))
+    model.train(was_training)
+    out = {"ppl": math.exp(nll / n), "tokens": n, "dropped": tap.dropped_fraction(), "counts_LE": tap.counts_LE}
+    if keep_routes:
+        out["tokens_T"], out["ids_LTK"] = torch.cat(tokens), torch.cat(ids, dim=1)
+    return out
+
+
+def _imbalance(counts_LE: torch.Tensor) -> tuple[float, float]:
+    stats = [balance.load_stats(c) for c in counts_LE]
+    return (sum(s["max_over_mean"] for s in stats) / len(stats), sum(s["cv"] for s in stats) / len(stats))
+
+
+def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, progress: bool = True):
+    """Train a model; returns ``(model, bias_LE or None, log)`` with curves and final metrics."""
+    torch.set_num_threads(cfg.threads)
+    model = build_model(cfg).to(runtime.device())
+    dev = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))))
+    bias_LE = torch.zeros(cfg.num_layers, cfg.num_experts) if cfg.balance == "bias" else None
+    val_win = data.windows(val_ids, cfg.seq_len, cfg.eval_tokens)
+    batches = data.batches(train_ids, cfg.seq_len, cfg.batch_size, seed=cfg.seed)
+    curves = {k: [] for k in ("step", "loss", "imbalance", "cv", "eval_step", "eval_ppl")}
+    window = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.int64)
+    losses = []
+    from tqdm.auto import tqdm
+
+    t0 = time.time()
+    bar = tqdm(range(1, cfg.steps + 1), disable=not progress, desc=f"train {cfg.balance}")
+    for step in bar:
+        x = next(batches).to(dev)
+        with RouterTap(model, bias_LE=bias_LE) as tap:
+            logits = model(input_ids=x[:, :-1]).logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
+        ce = loss.detach().item()
+        if cfg.balance == "aux" and cfg.aux_coef:
+            loss = loss + cfg.aux_coef * sum(balance.aux_loss(lg, i) for lg, i in zip(tap.logits_L, tap.ids_L)) / len(tap.logits_L)
+        if cfg.z_coef:
+            loss = loss + cfg.z_coef * sum(balance.z_loss(lg) for lg in tap.logits_L) / len(tap.logits_L)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if bias_LE is not None:
+            for layer in range(cfg.num_layers):
+                bias_LE[layer] = balance.update_bias(bias_LE[layer], tap.counts_LE[layer], cfg.bias_rate)
+        window += tap.counts_LE
+        losses.append(ce)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            imb, cv = _imbalance(window)
+            curves["step"].append(step)
+            curves["loss"].append(round(sum(losses) / len(losses), 4))
+            curves["imbalance"].append(round(imb, 4))
+            curves["cv"].append(round(cv, 4))
+            window.zero_()
+            losses = []
+            bar.set_postfix(loss=curves["loss"][-1], imbalance=curves["imbalance"][-1])
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            curves["eval_step"].append(step)
+            curves["eval_ppl"].append(round(evaluate(model, val_win, bias_LE=bias_LE)["ppl"], 3))
+    seconds = time.time() - t0
+    log = {"config": dataclasses.asdict(cfg), "train_seconds": round(seconds, 1), "curves": curves}
+    return model, bias_LE, log
+
+
+def save(model, bias_LE, log: dict, tokenizer, out_dir: pathlib.Path, manifest: dict) -> pathlib.Path:
+    """Checkpoint folder: model.safetensors + config.json (save_pretrained), tokenizer files,
+    ``router_bias.safetensors`` (bias mode), ``train_log.json`` (curves, provenance), manifest.json."""
+    from safetensors.torch import save_file
+    from transformers import PreTrainedTokenizerFast
+
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = runtime.dtype(log["config"]["save_dtype"])
+    model.to("cpu", dtype).save_pretrained(out_dir)
+    model.float()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=data.SPECIAL).save_pretrained(out_dir)
+    if bias_LE is not None:
+        save_file({"bias_LE": bias_LE.contiguous()}, str(out_dir / BIAS_FILE))
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=0) + "\n")
+    (out_dir / LOG_FILE).write_text(json.dumps(log, indent=1) + "\n")
+    return out_dir
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: object
+    tokenizer: object
+    bias_LE: torch.Tensor | None
+    log: dict | None  # train_log.json of our checkpoints; None for hub models
+
+
+def load(source: str | pathlib.Path, device: str = "auto", dtype: str = "auto") -> Loaded:
+    """One loader for our checkpoints and hub models (``allenai/OLMoE-1B-7B-0924``).
+
+    fp32 on CPU; on a GPU the runtime's dtype (bf16 on sm_80+, fp16 on a T4).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = runtime.device(device)
+    dt = torch.float32 if dev.type == "cpu" and dtype == "auto" else runtime.dtype(dtype, dev)
+    kw = {"device_map": str(dev)} if dev.type == "cuda" else {}
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dt, **kw).to(dev).eval()
+    tok = AutoTokenizer.from_pretrained(str(source))
+    path = pathlib.Path(source)
+    bias_LE, log = None, None
+    if (path / BIAS_FILE).exists():
+        from safetensors.torch import load_file
+        bias_LE = load_file(str(path / BIAS_FILE))["bias_LE"]
+    if (path / LOG_FILE).exists():
+        log = json.loads((path / LOG_FILE).read_text())
+    return Loaded(model, tok, bias_LE, log)
+
+
+def run(cfg: TrainConfig, out_dir: pathlib.Path, *, command: str, progress: bool = True) -> dict:
+    """Corpus → tokenizer → train → final evaluation (of the saved, rounded weights) → save."""
+    man = data.manifest()
+    tok = data.tokenizer(cfg.vocab_size)
+    train_ids, val_ids = data.encode_split(tok, "train"), data.encode_split(tok, "val")
+    model, bias_LE, log = train(cfg, train_ids, val_ids, progress=progress)
+    model.to(runtime.dtype(cfg.save_dtype)).float()  # evaluate exactly what is saved
+    final = evaluate(model, data.windows(val_ids, cfg.seq_len, cfg.final_eval_tokens), bias_LE=bias_LE)
+    imb, cv = _imbalance(final["counts_LE"])
+    info = runtime.describe()
+    log.update({"command": command, "python": info["python"], "versions": info,
+                "manifest_hash": man["hash"], "unigram_ppl": round(data.unigram_perplexity(train_ids, val_ids, cfg.vocab_size), 3),
+                "final": {"val_ppl": round(final["ppl"], 3), "val_tokens": final["tokens"],
+                          "imbalance": round(imb, 4), "cv": round(cv, 4)},
+                "params": sum(p.numel() for p in model.parameters()),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    save(model, bias_LE, log, tok, out_dir, man)
+    return log
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    p.add_argument("--balance", choices=["none", "aux", "bias"])
+    p.add_argument("--aux-coef", type=float)
+    p.add_argument("--z-coef", type=float)
+    p.add_argument("--bias-rate", type=float)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", type=pathlib.Path, help="checkpoint folder (default dispatch/assets/<preset>)")
+    a = p.parse_args(argv)
+    over = {k: v for k, v in {"balance": a.balance, "aux_coef": a.aux_coef, "z_coef": a.z_coef,
+                              "bias_rate": a.bias_rate, "steps": a.steps, "seed": a.seed}.items() if v is not None}
+    cfg = dataclasses.replace(PRESETS[a.preset], **over)
+    out = a.out or ASSETS / a.preset
+    log = run(cfg, out, command="python -m dispatch.train " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(f"{out}: val ppl {log['final']['val_ppl']} (unigram {log['unigram_ppl']}), "
+          f"imbalance {log['final']['imbalance']}, {log['train_seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

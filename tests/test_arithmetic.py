@@ -1,0 +1,68 @@
+"""Roofline arithmetic against hand arithmetic for OLMoE-1B-7B (and shared/gpu.md's numbers)."""
+import dispatch  # noqa: F401  (first: runtime decisions)
+import pytest
+import torch
+
+from dispatch.arithmetic import (H200_BF16_FLOPS, H200_HBM_BPS, ModelShape, decode_step_roofline,
+                                 expected_unique_experts, expert_layer_roofline, param_counts, unique_experts)
+from dispatch.config import PRESETS
+from dispatch.hf import hub_config, model_shape_from_hf
+
+OLMOE = model_shape_from_hf(hub_config("allenai/OLMoE-1B-7B-0924", source="embedded"))
+
+
+def test_olmoe_parameters_by_hand():
+    H, I, E, K, L, V = 2048, 1024, 64, 8, 16, 50304
+    expert = 3 * H * I  # 6,291,456
+    attention = 4 * H * H + 2 * H  # q, k, v, o + OLMoE's q_norm, k_norm
+    per_layer_common = attention + 2 * H + E * H  # + 2 RMSNorms + router
+    total = 2 * V * H + H + L * (per_layer_common + E * expert)
+    active = 2 * V * H + H + L * (per_layer_common + K * expert)
+    p = param_counts(OLMOE)
+    assert p["total"] == total == 6_919_161_856  # "7B" (OLMoE paper: 6.9B total)
+    assert p["active"] == active == 1_282_017_280  # "1B" (OLMoE paper: 1.3B active)
+    assert p["experts"] == L * E * expert
+
+
+def test_expected_unique_experts():
+    assert expected_unique_experts(64, 8, 0) == 0
+    assert expected_unique_experts(64, 8, 1) == pytest.approx(8)
+    assert expected_unique_experts(64, 8, 2) == pytest.approx(64 * (1 - (56 / 64) ** 2))  # 15.0
+    assert expected_unique_experts(64, 64, 1) == 64
+    assert expected_unique_experts(64, 8, 10_000) == pytest.approx(64)
+    # the formula against a simulation of uniform routing
+    g = torch.Generator().manual_seed(0)
+    sims = [unique_experts(torch.rand(4, 64, generator=g).topk(8, dim=-1)[1]) for _ in range(2000)]
+    assert sum(sims) / len(sims) == pytest.approx(expected_unique_experts(64, 8, 4), rel=0.01)
+    assert unique_experts(torch.tensor([[0, 1], [1, 0], [5, 0]])) == 3
+
+
+def test_expert_layer_floors_match_gpu_md():
+    """shared/gpu.md: at 1 token the 8 chosen experts are ~100 MB → ~23 µs; at 16384 tokens the
+    expert GEMMs are ~1.65 TFLOP → ~2.1 ms."""
+    cfg = PRESETS["olmoe-1b-7b"]
+    one = expert_layer_roofline(cfg, 1)
+    assert one.bytes == (8 * 3 * 2048 * 1024 + 2 * 2048) * 2
+    assert one.floor_s == pytest.approx(23.4e-6, rel=0.01) and one.bound == "memory"
+    big = expert_layer_roofline(cfg, 16384)
+    assert big.flops == 2 * 16384 * 8 * 3 * 2048 * 1024  # 1.649e12
+    assert big.floor_s == pytest.approx(2.09e-3, rel=0.01) and big.bound == "compute"
+    ids = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7]] * 16)  # 16 tokens, all on the same 8 experts
+    assert expert_layer_roofline(cfg, 16, ids_TK=ids).bytes == (8 * 3 * 2048 * 1024 + 2 * 16 * 2048) * 2
+    assert H200_BF16_FLOPS / H200_HBM_BPS == pytest.approx(183.7, abs=0.1)
+
+
+def test_decode_step_matches_gpu_md():
+    """shared/gpu.md: bs-1 decode reads ~2.35 GB (attention 0.54, experts 1.61, lm_head 0.21 GB)
+    → ~1,830 steps/s at 4.3 TB/s."""
+    step = decode_step_roofline(OLMOE, 1)
+    assert step.bytes == pytest.approx(2.35e9, rel=0.01)
+    assert 1 / step.floor_s == pytest.approx(1830, rel=0.01)
+    assert step.flops == 2 * (param_counts(OLMOE)["active"] - 50304 * 2048)
+    assert decode_step_roofline(OLMOE, 1, context=100).flops == step.flops + 4 * 16 * 2048 * 100
+
+
+def test_model_shape_validates():
+    with pytest.raises(ValueError, match="dense_layers"):
+        ModelShape(PRESETS["tiny"], num_layers=2, vocab_size=8, num_heads=1, num_kv_heads=1, head_dim=64,
+                   dense_layers=3)

@@ -1,0 +1,223 @@
+"""The Triton router against the reference router (``dispatch.reference.route_reference``).
+
+CPU (Triton interpreter, fp32/fp16 logits): every routing family, property-based over random
+shapes and configs (zero / one token, top_k = E, non-contiguous logits), the documented tie rule,
+bitwise repeatability, input validation. GPU (marker ``gpu``): compiled kernel, bf16 and fp32
+logits, against the reference with the tolerances below, and bitwise determinism.
+
+Tolerances: both sides compute in fp32 from the same logits; they differ only in exp/sigmoid
+implementations and summation order → weights within atol 2e-6 (CPU) / 1e-5 (GPU), rtol 1e-5.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dispatch  # noqa: F401  (interpreter on before triton loads)
+from dispatch.config import PRESETS, MoEConfig
+from dispatch.kernels.routing import route, route_torch
+from dispatch.reference import route_reference
+
+FAMILIES = {
+    "olmoe": MoEConfig(64, 32, 16, 4, family="olmoe"),
+    "mixtral": MoEConfig(64, 32, 8, 2, norm_topk_prob=True, family="mixtral"),
+    "scaled_softmax": MoEConfig(64, 32, 12, 3, norm_topk_prob=True, routed_scaling_factor=1.5),
+    "sigmoid_plain": MoEConfig(64, 32, 10, 3, scoring="sigmoid"),
+    "deepseek_v3": MoEConfig(64, 32, 16, 4, scoring="sigmoid", norm_topk_prob=True, n_group=4, topk_group=2,
+                             routed_scaling_factor=2.5, correction_bias=True, family="deepseek_v3"),
+    "deepseek_groups_of_1": MoEConfig(64, 32, 8, 2, scoring="sigmoid", n_group=8, topk_group=3,
+                                      correction_bias=True),
+}
+
+
+def make_case(cfg, T, *, seed=0, dtype=torch.float32, device="cpu", transpose=False):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(T, cfg.num_experts, generator=g) * 2
+    if transpose:  # same values, column-major storage: strides (1, T)
+        logits = logits.T.contiguous().T
+    bias = torch.randn(cfg.num_experts, generator=g) * 0.3 if cfg.correction_bias else None
+    logits = logits.to(device=device, dtype=dtype)
+    return logits, None if bias is None else bias.to(device)
+
+
+def assert_matches(cfg, logits, bias, *, atol=2e-6, rtol=1e-5):
+    w, ids = route(logits, cfg, bias)
+    w_ref, ids_ref = route_reference(logits, cfg, bias)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32
+    assert w.shape == ids.shape == (logits.shape[0], cfg.top_k)
+    assert torch.equal(ids.long(), ids_ref)
+    torch.testing.assert_close(w, w_ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_families_match_reference(family, dtype):
+    cfg = FAMILIES[family]
+    logits, bias = make_case(cfg, 33, seed=1, dtype=dtype)
+    assert_matches(cfg, logits, bias)
+
+
+@pytest.mark.parametrize("preset", ["olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "tiny"])
+def test_presets_match_reference(preset):
+    cfg = PRESETS[preset]
+    logits, bias = make_case(cfg, 9, seed=2)
+    assert_matches(cfg, logits, bias)
+
+
+def test_worked_example():
+    w, ids = route(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), MoEConfig(8, 8, 4, 2))
+    assert ids.tolist() == [[3, 2]]
+    torch.testing.assert_close(w, torch.softmax(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), -1)[:, :2])
+
+
+@st.composite
+def configs(draw):
+    scoring = draw(st.sampled_from(["softmax", "sigmoid"]))
+    n_group, topk_group, bias = 1, 1, False
+    if scoring == "sigmoid" and draw(st.booleans()):
+        n_group = draw(st.sampled_from([2, 4, 8]))
+        topk_group = draw(st.integers(1, n_group))
+        E = n_group * draw(st.integers(1, 4))
+        bias = draw(st.booleans())
+        K = draw(st.integers(1, topk_group * (E // n_group)))
+    else:
+        E = draw(st.integers(1, 16))
+        K = draw(st.integers(1, E))
+        bias = scoring == "sigmoid" and draw(st.booleans())
+    return MoEConfig(64, 32, E, K, scoring=scoring, norm_topk_prob=draw(st.booleans()), n_group=n_group,
+                     topk_group=topk_group, correction_bias=bias,
+                     routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
+
+
+@given(cfg=configs(), T=st.integers(0, 64), seed=st.integers(0, 2**16), transpose=st.booleans())
+def test_random_configs_match_reference(cfg, T, seed, transpose):
+    logits, bias = make_case(cfg, T, seed=seed, transpose=transpose)
+    assert_matches(cfg, logits, bias)
+
+
+@pytest.mark.parametrize("T", [0, 1])
+def test_zero_and_one_token(T):
+    cfg = FAMILIES["deepseek_v3"]
+    logits, bias = make_case(cfg, T)
+    assert_matches(cfg, logits, bias)
+
+
+def test_top_k_equals_num_experts():
+    cfg = MoEConfig(64, 32, 8, 8, norm_topk_prob=True)
+    logits, _ = make_case(cfg, 17, seed=3)
+    assert_matches(cfg, logits, None)
+    ids = route(logits, cfg)[1]
+    assert torch.equal(ids.sort(dim=1).values, torch.arange(8, dtype=torch.int32).expand(17, 8))
+
+
+def test_non_contiguous_sliced_logits():
+    cfg = FAMILIES["olmoe"]
+    wide = torch.randn(20, 2 * cfg.num_experts, generator=torch.Generator().manual_seed(4))
+    logits = wide[::2, 1::2]  # strides (2·2E, 2)
+    assert not logits.is_contiguous()
+    assert_matches(cfg, logits, None)
+
+
+def test_ties_go_to_the_lowest_expert_id():
+    # Our rule: among equal scores the lowest expert id wins. torch.topk has no documented rule
+    # (on CPU it picks [2, 4, 1] here), so ids may differ from it inside a tie; weights may not.
+    cfg = MoEConfig(8, 8, 5, 3)
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    w, ids = route(logits, cfg)
+    assert ids.tolist() == [[1, 2, 4], [0, 1, 2]]
+    w_ref, _ = route_reference(logits, cfg)
+    torch.testing.assert_close(w, w_ref)
+    # DeepSeek-style: tied groups also go to the lowest group id.
+    cfg_g = MoEConfig(8, 8, 4, 1, scoring="sigmoid", n_group=2, topk_group=1)
+    assert route(torch.zeros(1, 4), cfg_g)[1].tolist() == [[0]]
+
+
+def test_bias_only_steers_the_choice():
+    cfg = MoEConfig(8, 8, 4, 1, scoring="sigmoid", correction_bias=True)
+    logits = torch.tensor([[2.0, 0.0, 0.0, 0.0]])
+    bias = torch.tensor([0.0, 0.0, 5.0, 0.0])
+    w, ids = route(logits, cfg, bias)
+    assert ids.tolist() == [[2]]  # chosen with the bias ...
+    torch.testing.assert_close(w, torch.sigmoid(torch.tensor([[0.0]])))  # ... weighted without it
+
+
+def test_bitwise_repeatable():
+    cfg = FAMILIES["deepseek_v3"]
+    logits, bias = make_case(cfg, 50, seed=5)
+    a, b = route(logits, cfg, bias), route(logits, cfg, bias)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_bf16_logits_on_cpu_are_widened():
+    cfg = FAMILIES["mixtral"]
+    logits, _ = make_case(cfg, 12, dtype=torch.bfloat16)
+    w, ids = route(logits, cfg)
+    w_ref, ids_ref = route_reference(logits, cfg)
+    torch.testing.assert_close(w, w_ref, atol=2e-6, rtol=1e-5)
+    # bf16 logits can tie: compare the chosen scores, not the ids
+    probs = torch.softmax(logits.float(), -1)
+    torch.testing.assert_close(probs.gather(1, ids.long()), probs.gather(1, ids_ref))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda cfg: (torch.randn(4, 7), cfg, None), "shape"),
+    (lambda cfg: (torch.randn(4), cfg, None), "shape"),
+    (lambda cfg: (torch.zeros(4, 16, dtype=torch.int32), cfg, None), "float32"),
+    (lambda cfg: (torch.randn(4, 16), "olmoe", None), "MoEConfig"),
+    (lambda cfg: (torch.randn(4, 16), cfg, torch.zeros(16)), "only used by sigmoid"),
+    (lambda cfg: (torch.randn(4, 16), FAMILIES["deepseek_v3"], None), "correction bias"),
+    (lambda cfg: (torch.randn(4, 16), FAMILIES["deepseek_v3"], torch.zeros(8)), r"shape \[E=16\]"),
+    (lambda cfg: (torch.randn(4, 16), FAMILIES["deepseek_v3"], torch.zeros(16, dtype=torch.int64)), "floating"),
+])
+def test_bad_inputs_raise(bad, match):
+    logits, cfg, bias = bad(FAMILIES["olmoe"])
+    with pytest.raises(ValueError, match=match):
+        route(logits, cfg, bias)
+
+
+def test_twin_is_the_reference_with_int32_ids():
+    cfg = FAMILIES["deepseek_v3"]
+    logits, bias = make_case(cfg, 8, seed=6)
+    w, ids = route_torch(logits, cfg, bias)
+    w_ref, ids_ref = route_reference(logits, cfg, bias)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), ids_ref) and torch.equal(w, w_ref)
+
+
+# ---------------------------------------------------------------- GPU: compiled kernel
+GPU_CASES = [("olmoe-1b-7b", 1), ("olmoe-1b-7b", 4099), ("qwen3-30b-a3b", 777), ("mixtral-8x7b", 513),
+             ("deepseek-v3", 1), ("deepseek-v3", 16384)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset, T", GPU_CASES)
+def test_gpu_fp32_logits_match_reference(preset, T):
+    cfg = PRESETS[preset]
+    logits, bias = make_case(cfg, T, seed=7, device="cuda")
+    assert_matches(cfg, logits, bias, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset, T", GPU_CASES)
+def test_gpu_bf16_logits_match_reference(preset, T):
+    # bf16 logits tie often (8-bit mantissa): compare each k's chosen score, which ties cannot change.
+    cfg = PRESETS[preset]
+    logits, bias = make_case(cfg, T, seed=8, dtype=torch.bfloat16, device="cuda")
+    w, ids = route(logits, cfg, bias)
+    w_ref, ids_ref = route_reference(logits, cfg, bias)
+    torch.testing.assert_close(w, w_ref, atol=1e-5, rtol=1e-5)
+    if cfg.scoring == "softmax":
+        choice = torch.softmax(logits.float(), -1)
+    else:
+        choice = logits.float().sigmoid() + (bias.float() if bias is not None else 0)
+    torch.testing.assert_close(choice.gather(1, ids.long()), choice.gather(1, ids_ref), atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_bitwise_deterministic():
+    cfg = PRESETS["deepseek-v3"]
+    logits, bias = make_case(cfg, 8192, seed=9, dtype=torch.bfloat16, device="cuda")
+    runs = [route(logits, cfg, bias) for _ in range(3)]
+    for w, ids in runs[1:]:
+        assert torch.equal(w, runs[0][0]) and torch.equal(ids, runs[0][1])
