@@ -18,6 +18,15 @@ from dataclasses import dataclass
 import torch
 
 
+# The 'switchyard' project's published claim (shared/anchors.md): OLMoE-1B-7B on WikiText-2,
+# 2,048 tokens per GPU, capacity applied at inference. CF 1.5 and 1.25 were not published.
+SWITCHYARD_OLMOE_WIKITEXT2 = (
+    {"capacity_factor": None, "dropped": 0.0, "ppl": 12.85},
+    {"capacity_factor": 2.0, "dropped": 0.096, "ppl": 20.19},
+    {"capacity_factor": 1.0, "dropped": 0.286, "ppl": 92.14},
+)
+
+
 # ---------------------------------------------------------------- load
 def expert_counts(ids_TK: torch.Tensor, num_experts: int, keep_TK: torch.Tensor | None = None) -> torch.Tensor:
     """Routed (token, choice) pairs per expert: counts_E int64 (dropped pairs excluded if ``keep_TK``)."""

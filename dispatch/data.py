@@ -111,7 +111,7 @@ def encode_split(tok, split: str, root: pathlib.Path | None = None) -> torch.Ten
         eot = tok.token_to_id(SPECIAL)
     else:
         rows = tok(texts, add_special_tokens=False)["input_ids"]
-        eot = tok.convert_tokens_to_ids(SPECIAL)
+        eot = tok.eos_token_id
     ids = []
     for r in rows:
         ids.extend(r)
@@ -127,6 +127,21 @@ def wikitext2_text(split: str = "test") -> str:
         raise ImportError("WikiText-2 needs the `datasets` package: pip install datasets") from e
     rows = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"]
     return "".join(rows)
+
+
+def token_ids(tok, dataset: str = "stdlib", split: str = "val") -> torch.Tensor:
+    """Token ids [n] of a split of ``dataset``: "stdlib" (this Python's, see :func:`manifest`) or
+    "wikitext-2" (its "validation" split stands for "val"; the measured split is "test" below).
+
+    ``tok``: a ``tokenizers.Tokenizer`` or a transformers tokenizer (OLMoE's for WikiText-2).
+    """
+    if dataset == "stdlib":
+        return encode_split(tok, split)
+    if dataset != "wikitext-2":
+        raise ValueError(f"dataset must be 'stdlib' or 'wikitext-2', got {dataset!r}")
+    text = wikitext2_text({"train": "train", "val": "test"}[split])
+    ids = tok.encode(text).ids if hasattr(tok, "encode_batch") else tok(text, add_special_tokens=False)["input_ids"]
+    return torch.tensor(ids, dtype=torch.int64)
 
 
 def unigram_perplexity(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int) -> float:
@@ -151,12 +166,14 @@ def batches(ids: torch.Tensor, seq_len: int, batch_size: int, *, seed: int) -> "
 
 
 def windows(ids: torch.Tensor, seq_len: int, max_tokens: int) -> torch.Tensor:
-    """The first ``max_tokens`` of ``ids`` cut into consecutive windows [n, seq_len + 1]
-    (each window shares its last token with the next one's first, so every token is predicted once).
+    """``max_tokens // seq_len`` windows [n, seq_len + 1], spread evenly over all of ``ids``
+    (so a bounded evaluation still samples every file); within a window every token but the
+    first is predicted once. With room for only n windows, they are consecutive.
     """
-    n = min(max_tokens, ids.numel() - 1) // seq_len
+    n_all = (ids.numel() - 1) // seq_len
+    n = min(max_tokens // seq_len, n_all)
     if n < 1:
-        raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} tokens, got {ids.numel()}")
-    return torch.stack([ids[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)])
-
-
+        raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} tokens and max_tokens >= seq_len, "
+                         f"got {ids.numel()} tokens, max_tokens {max_tokens}")
+    starts = [(i * n_all // n) * seq_len for i in range(n)]
+    return torch.stack([ids[s:s + seq_len + 1] for s in starts])

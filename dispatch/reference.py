@@ -6,6 +6,14 @@
 It is written to reproduce transformers 5's MoE blocks bit for bit in fp32: the same ops in the
 same order (rows of an expert gathered in (k, t) order; contributions added into a zero fp32/x-dtype
 buffer expert by expert, in ascending expert id — that is this layer's fixed summation order).
+``tests/test_hf.py`` checks it for OLMoE, Mixtral, Qwen2-MoE and Qwen3-MoE (router logits, weights,
+ids and output all ``torch.equal``). Two known, bounded exceptions:
+  * DeepSeek-V3: transformers takes ``topk(sorted=False)``; we keep topk order (k = 0 is the best
+    choice). Same ids per token as sets; the renormalisation sum runs in another order, so the
+    weights may differ by an ulp and the output by < 4 ulp of its largest entry.
+  * bf16 Mixtral / DeepSeek-V3: transformers scales an expert's output by the fp32 weight and
+    rounds once; we round the weight to the input dtype first (as OLMoE / Qwen do): a few ulp.
+:class:`ReferenceMoE` wraps the layer as an ``nn.Module`` that can replace a transformers block.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class TrainConfig:
     top_k: int = 2  # K
     seq_len: int = 128
     batch_size: int = 16  # T = batch_size · seq_len tokens per step
-    steps: int = 900
+    steps: int = 800
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.1
@@ -66,9 +66,9 @@ class TrainConfig:
 
 PRESETS = {
     "cpu": TrainConfig(),  # ~2.4M parameters, ~4 min on 2 cores
-    "study": TrainConfig(steps=300, eval_every=50, final_eval_tokens=32768, z_coef=0.0, bias_rate=1e-2),
+    "study": TrainConfig(steps=300, eval_every=50, final_eval_tokens=32768, z_coef=0.0, bias_rate=5e-3),
     "gpu": TrainConfig(vocab_size=8192, hidden_size=512, intermediate_size=256, num_layers=8, num_heads=8,
-                       num_experts=64, top_k=8, seq_len=512, batch_size=64, steps=4000, lr=1e-3,
+                       num_experts=64, top_k=8, seq_len=512, batch_size=32, steps=2000, lr=1e-3,
                        warmup=200, threads=8, eval_every=250, save_dtype="bfloat16"),
     "micro": TrainConfig(vocab_size=300, hidden_size=32, intermediate_size=16, num_layers=1, num_heads=2,
                          num_experts=4, top_k=2, seq_len=16, batch_size=4, steps=3, warmup=1, log_every=1,
@@ -271,15 +271,28 @@ class Loaded:
 def load(source: str | pathlib.Path, device: str = "auto", dtype: str = "auto") -> Loaded:
     """One loader for our checkpoints and hub models (``allenai/OLMoE-1B-7B-0924``).
 
+    ``source``: a preset name with a committed checkpoint ("cpu" → dispatch/assets/cpu), a
+    checkpoint folder, or a hub id. The model then runs with transformers' own modules.
+
     fp32 on CPU; on a GPU the runtime's dtype (bf16 on sm_80+, fp16 on a T4).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if (ASSETS / str(source)).is_dir():
+        source = ASSETS / str(source)
     dev = runtime.device(device)
     dt = torch.float32 if dev.type == "cpu" and dtype == "auto" else runtime.dtype(dtype, dev)
     kw = {"device_map": str(dev)} if dev.type == "cuda" else {}
-    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dt, **kw).to(dev).eval()
-    tok = AutoTokenizer.from_pretrained(str(source))
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no loading bars in the book's cells
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dt, **kw).to(dev).eval()
+        tok = AutoTokenizer.from_pretrained(str(source))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     path = pathlib.Path(source)
     bias_LE, log = None, None
     if (path / BIAS_FILE).exists():
@@ -310,6 +323,44 @@ def run(cfg: TrainConfig, out_dir: pathlib.Path, *, command: str, progress: bool
     return log
 
 
+STUDY = {  # label → overrides of the "study" preset (chapter 5, study c)
+    "none": {"balance": "none"},
+    "aux 0.01": {"balance": "aux", "aux_coef": 0.01},
+    "aux 0.1": {"balance": "aux", "aux_coef": 0.1},
+    "bias (loss-free)": {"balance": "bias"},
+}
+STUDY_RESULTS = ASSETS.parent.parent / "results" / "cpu-train" / "balance_study.json"
+
+
+def collect_study(logs: dict[str, dict], path: pathlib.Path = STUDY_RESULTS) -> pathlib.Path:
+    """Write the balancing study (label → training log) as one results file (bench format)."""
+    from dispatch import bench
+
+    first = next(iter(logs.values()))
+    doc = {"benchmark": "balance_study", "gpu": "cpu", "gpu_count": 0,
+           "versions": {k: first["versions"].get(k) for k in ("python", "torch", "triton", "transformers")},
+           "git_commit": bench.git_commit(), "date": max(l["date"] for l in logs.values()),
+           "command": " ; ".join(l["command"] for l in logs.values()), "manifest_hash": first["manifest_hash"],
+           "rows": [{"label": k, "config": l["config"], "final": l["final"], "curves": l["curves"],
+                     "train_seconds": l["train_seconds"]} for k, l in logs.items()]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def run_study(threads: int | None = None) -> pathlib.Path:
+    """The four runs of study c (none / aux 0.01 / aux 0.1 / bias), ~1–2 min each on 2 cores."""
+    import tempfile
+
+    logs = {}
+    for label, over in STUDY.items():
+        cfg = dataclasses.replace(PRESETS["study"], **over, **({"threads": threads} if threads else {}))
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in over.items())
+        with tempfile.TemporaryDirectory() as d:
+            logs[label] = run(cfg, pathlib.Path(d), command=f"python -m dispatch.train --preset study {flags}")
+    return collect_study(logs)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
@@ -319,10 +370,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bias-rate", type=float)
     p.add_argument("--steps", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--threads", type=int, help="torch threads (1 is faster on a busy 2-core machine)")
     p.add_argument("--out", type=pathlib.Path, help="checkpoint folder (default dispatch/assets/<preset>)")
+    p.add_argument("--study", action="store_true", help=f"run the four balancing runs → {STUDY_RESULTS.name}")
     a = p.parse_args(argv)
+    if a.study:
+        print(run_study(a.threads))
+        return
     over = {k: v for k, v in {"balance": a.balance, "aux_coef": a.aux_coef, "z_coef": a.z_coef,
-                              "bias_rate": a.bias_rate, "steps": a.steps, "seed": a.seed}.items() if v is not None}
+                              "bias_rate": a.bias_rate, "steps": a.steps, "seed": a.seed,
+                              "threads": a.threads}.items() if v is not None}
     cfg = dataclasses.replace(PRESETS[a.preset], **over)
     out = a.out or ASSETS / a.preset
     log = run(cfg, out, command="python -m dispatch.train " + " ".join(sys.argv[1:] if argv is None else argv))

@@ -48,9 +48,11 @@ def test_chapter_structure(nb):
         assert c.get("execution_count") is not None or not src.strip() or c is cells[1], \
             f"{nb.name}: a code cell has no stored output; run `python -m dispatch.book run {nb.name}`"
         if "NBVAL_IGNORE_OUTPUT" in src:
-            line = next(ln for ln in src.splitlines() if "NBVAL_IGNORE_OUTPUT" in ln)
-            assert len(line.split("NBVAL_IGNORE_OUTPUT", 1)[1].strip(" :-—()")) > 10, \
-                f"{nb.name}: every NBVAL_IGNORE_OUTPUT says why the output varies"
+            # nbval honours only the bare marker line; the next line must say why the output varies.
+            lines = src.splitlines()
+            i = lines.index("# NBVAL_IGNORE_OUTPUT")
+            assert i + 1 < len(lines) and lines[i + 1].startswith("#") and len(lines[i + 1]) > 15, \
+                f"{nb.name}: the line after '# NBVAL_IGNORE_OUTPUT' must be a comment saying why"
         assert not any(o.get("output_type") == "error" for o in c.get("outputs", [])), f"{nb.name}: error output"
 
 
@@ -61,4 +63,4 @@ def test_conda_environment_matches_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
     names = lambda specs: {re.split(r"[<>=!\[ ]", s, maxsplit=1)[0].lower() for s in specs}  # noqa: E731
-    assert names(wanted) - {"torch"} == names(pip) - {"-e ."}
+    assert names(wanted) - {"torch"} == names(p for p in pip if not p.startswith("-"))

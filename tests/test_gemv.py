@@ -37,14 +37,18 @@ def check(args, **kw):
     return y
 
 
-@given(T=st.integers(0, 20), E=st.integers(1, 9), K=st.integers(1, 9), H=st.sampled_from([16, 40, 64]),
-       I=st.sampled_from([16, 24, 32]), seed=st.integers(0, 2**16), skew=st.booleans())
-def test_random_shapes_and_routings(T, E, K, H, I, seed, skew):  # noqa: E741
+@given(T=st.integers(0, 12), E=st.integers(1, 9), K=st.integers(1, 9), H=st.sampled_from([16, 40]),
+       I=st.sampled_from([16, 24, 32]), seed=st.integers(0, 2**16), skew=st.booleans(),
+       programs=st.sampled_from([1, 1024]))
+def test_random_shapes_and_routings(T, E, K, H, I, seed, skew, programs):  # noqa: E741
     K = min(K, E)
     x, w, ids, gu, dn = make(T, K, E, H, I, seed=seed)
     if skew and T:  # crowd most rows onto the first few experts, leave others empty
         ids = torch.stack([torch.arange(K) + (t % 2) * (E - K) for t in range(T)]) if E > K else ids
-    check((x, w, ids, gu, dn))
+    # programs=1: one program per used expert loops over all of its tiles
+    config = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, block_c=64, num_stages=1,
+                          programs=programs)
+    check((x, w, ids, gu, dn), config=config)
 
 
 def test_worked_example():
@@ -129,6 +133,10 @@ def test_bad_inputs_raise_before_launch(change, match):
 def test_config_is_validated():
     with pytest.raises(ValueError, match="power of two"):
         DecodeConfig(block_i=24)
+    with pytest.raises(ValueError, match="programs"):
+        DecodeConfig(programs=0)
+    assert DecodeConfig(programs=100).tiles_per_slot(8, 64) == 13
+    assert DecodeConfig(programs=100).tiles_per_slot(8, 4) == 4
 
 
 @pytest.mark.gpu

@@ -128,6 +128,19 @@ def test_rows_do_not_depend_on_other_rows_values():
     assert not torch.equal(y_other, y_all)
 
 
+@pytest.mark.parametrize("T,E,K", [(0, 4, 2), (1, 4, 1), (37, 8, 2), (20, 4, 4)])
+def test_persistent_matches_reference_and_plain_launch(T, E, K):
+    """Same tiles, another schedule: the same bits as the one-program-per-tile launch."""
+    from dispatch.kernels.persistent import moe_experts_persistent
+
+    case = make_case(T, 64, 32, E, K, seed=T)
+    y = moe_experts_persistent(*case, configs=(CPU_CFG, CPU_CFG))
+    assert y.shape == (T, 64)
+    if T:
+        assert_close_ref(y, case)
+    assert torch.equal(y, gg.moe_experts(*case, config=CPU_CFG))
+
+
 @pytest.mark.parametrize("bad,match", [
     (lambda c: (c[0][:, :10],) + c[1:], "gate_up must be"),
     (lambda c: c[:2] + (c[2] + 100,) + c[3:], "ids must lie"),
@@ -195,6 +208,20 @@ def test_gpu_rows_independent_with_pinned_config():
     for sel in (torch.tensor([5]), torch.arange(0, 256, 7)):
         sel = sel.cuda()
         assert torch.equal(gg.moe_experts(x[sel], w[sel], ids[sel], gate_up, down, config=cfg), y_all[sel])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("T", [3, 700, 5000])
+def test_gpu_persistent_bf16(T):
+    from dispatch.kernels.persistent import moe_experts_persistent
+
+    case = make_case(T, 2048, 1024, 64, 8, seed=T, dtype=runtime.compute_dtype(), device="cuda")
+    c = GemmConfig(64, 128, 64, 8, 3)
+    y = moe_experts_persistent(*case, configs=(c, c))
+    assert_close_ref(y, case, rtol=GPU_TOL)
+    assert torch.equal(y, gg.moe_experts(*case, config=c))
+    assert_close_ref(moe_experts_persistent(*case), case, rtol=GPU_TOL)
 
 
 @pytest.mark.gpu

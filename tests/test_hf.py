@@ -156,7 +156,10 @@ def test_embedded_olmoe_config_counts_like_the_transformers_model():
                                             "num_experts_per_tok", "num_hidden_layers", "vocab_size")} == \
         {k: OLMOE_1B_7B[k] for k in ("hidden_size", "intermediate_size", "num_experts",
                                      "num_experts_per_tok", "num_hidden_layers", "vocab_size")}
-    for cfg in (hf_cfg, *(AutoConfig.for_model(f, **COMMON, **FAMILIES[f]) for f in ("mixtral", "qwen2_moe", "qwen3_moe"))):
+    others = [AutoConfig.for_model(f, **COMMON, **FAMILIES[f]) for f in ("mixtral", "qwen2_moe", "qwen3_moe")]
+    others += [AutoConfig.for_model(f, **COMMON, **FAMILIES[f], mlp_only_layers=[0]) for f in ("qwen2_moe", "qwen3_moe")]
+    assert model_shape_from_hf(others[-1]).dense_layers == 1
+    for cfg in (hf_cfg, *others):
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg)
         assert param_counts(model_shape_from_hf(cfg))["total"] == sum(p.numel() for p in model.parameters())
@@ -176,3 +179,17 @@ def test_check_block_verdicts():
     assert check_block(block, model.config, x)["output"] == "DIFFERENT"
     with pytest.raises(ValueError, match="family must be one of"):
         tiny_model("llama")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bf16(family):
+    """In bf16, OLMoE and Qwen cast the routing weights to bf16 before scaling an expert's output,
+    as the reference does: bit for bit. Mixtral and DeepSeek-V3 keep them fp32 (the product is
+    rounded once, after): within a few bf16 ulp of the output's largest entry."""
+    hf_cfg, model = build(family)
+    model = model.to(torch.bfloat16)
+    x = torch.randn(21, H, generator=torch.Generator().manual_seed(0)).bfloat16()
+    got = check_block(next(moe_blocks(model))[1], hf_cfg, x)
+    assert got["router logits"] == "bit-exact"
+    want = "within 4 ulp" if family in ("mixtral", "deepseek_v3") else "bit-exact"
+    assert got["output"] in ("bit-exact", want)

@@ -118,7 +118,7 @@ def test_layout_invariants(case):
 @pytest.mark.parametrize("T, K, E, block_m", [(0, 2, 4, 16), (1, 1, 1, 16), (1, 4, 4, 64), (33, 4, 4, 16)])
 def test_edge_shapes(T, K, E, block_m):
     g = torch.Generator().manual_seed(T)
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else torch.zeros(0, K, dtype=torch.long)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else torch.zeros(0, K).long()
     r = check_all(ids, E, block_m)
     assert int(r.counts_E.sum()) == T * K
 

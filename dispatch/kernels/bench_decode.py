@@ -8,7 +8,8 @@ contestant: ``ours`` (``moe_decode``, as a user calls it: host overhead included
 tiles: too few programs to fill the GPU), transformers' ``batched_mm`` and ``grouped_mm``
 (``OlmoeExperts`` holding our tensors), and ``loop`` (the per-expert PyTorch loop of
 ``dispatch.reference``). The floor is the bytes of the distinct chosen experts over 4.3 TB/s.
-``--tune`` first times a few tile configs per shape at 1 and 64 tokens and uses the best.
+``--tune`` first times a few tile configs per shape at 1 and 64 tokens and uses the best (for
+T <= 8 the one tuned at 1 token, else the one tuned at 64); each row records its config.
 Rows go to ``results/<gpu>/decode.json`` (``dispatch.bench.save``).
 """
 from __future__ import annotations
@@ -32,8 +33,9 @@ TOLERANCE = 2e-2  # ‖ours − ref‖ / ‖ref‖ in bf16 (the reference rounds
 WIDE = DecodeConfig(block_i=128, block_h=64, block_ho=128, block_id=64)
 # Tile candidates for --tune: up-kernel fields first (down fixed), then down-kernel fields.
 UP_CANDIDATES = [dict(block_i=bi, block_h=bh, num_stages=s) for bi, bh, s in
-                 [(16, 256, 4), (16, 128, 4), (16, 512, 3), (32, 256, 3), (32, 128, 4), (16, 256, 3)]]
-DOWN_CANDIDATES = [dict(block_ho=bo, block_id=bd) for bo, bd in [(16, 256), (16, 128), (16, 512), (32, 256), (32, 128)]]
+                 [(32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3)]]
+DOWN_CANDIDATES = [dict(block_ho=bo, block_id=bd) for bo, bd in [(32, 128), (32, 256), (64, 128)]]
+PROGRAM_CANDIDATES = [dict(programs=p) for p in (264, 528, 1056, 2112)]
 
 
 def make_case(name: str, T: int, dev, dtype, seed: int = 0):
@@ -65,7 +67,7 @@ def graph_of(fn):
 
 
 def tune(name: str, dev, dtype, log=print) -> dict[int, DecodeConfig]:
-    """Best config at 1 and 64 tokens for one shape (up fields, then down fields)."""
+    """Best config at 1 and 64 tokens for one shape (up fields, then down fields, then programs)."""
     best = {}
     for T in (1, 64):
         cfg, x, w, ids, gu, dn = make_case(name, T, dev, dtype)
@@ -74,7 +76,7 @@ def tune(name: str, dev, dtype, log=print) -> dict[int, DecodeConfig]:
         def t(c):
             return bench.time_ms(lambda: moe_decode(x, w, ids, gu, dn, config=c), warmup=3, rep=15)["median_ms"]
 
-        for cands in (UP_CANDIDATES, DOWN_CANDIDATES):
+        for cands in (UP_CANDIDATES, DOWN_CANDIDATES, PROGRAM_CANDIDATES):
             timed = [(t(dataclasses.replace(base, **c)), c) for c in cands]
             ms, c = min(timed, key=lambda p: p[0])
             base = dataclasses.replace(base, **c)

@@ -7,7 +7,8 @@ So the kernels below
 1. group the N routed rows by expert **inside the kernel** (no sort launch, no host sync): program
    ``slot`` finds the slot-th smallest expert id present in ``ids_TK`` and the rows routed to it;
 2. split each expert's matrices into thin tiles (``block_i`` rows of gate/up, ``block_ho`` rows of
-   down) so that (used experts × tiles) programs keep every SM streaming weights;
+   down) so that (used experts × tiles) keep every SM streaming weights; the grid is capped near
+   ``config.programs`` and a program loops over several tiles of its expert when there are more;
 3. apply a tile to all of its expert's rows at once (``tl.dot`` on ``block_m`` = 16 padded rows),
    with the whole reduction (over H for gate/up, over I for down) inside one program — no split-K
    partial sums to reduce;
@@ -15,7 +16,8 @@ So the kernels below
 
     x_TH ─┐                       h_NI (x dtype)              out_NH (fp32, weighted)
     ids ──┴─ _up_swiglu_kernel ──► rows × I ─ _down_kernel ──► rows × H ─ _combine_kernel ─► y_TH
-            grid (slots, I/block_i)          grid (slots, H/block_ho)     grid (T, H/block_c)
+            grid (slots, P_up)               grid (slots, P_down)         grid (T, H/block_c)
+    slots = min(E, T·K); P = min(tiles, ceil(programs / slots)); program (s, p) does tiles p, p+P, ...
 
 Deterministic (no atomics, fixed orders). Launch configs: :class:`DecodeConfig` (tuned on an H200).
 Plain-PyTorch twin: :func:`moe_decode_torch`; naive per-token loop: :func:`decode_loop_torch`.
@@ -40,13 +42,14 @@ class DecodeConfig:
     """Tile sizes of the three kernels (all powers of two, tl.dot needs >= 16)."""
 
     block_m: int = 16  # routed rows of one expert per tl.dot (padded)
-    block_i: int = 16  # gate/up rows (of I) per up-kernel program
+    block_i: int = 32  # gate/up rows (of I) per up-kernel tile
     block_h: int = 256  # H chunk of the up kernel's reduction loop
-    block_ho: int = 16  # down rows (of H) per down-kernel program
-    block_id: int = 256  # I chunk of the down kernel's reduction loop
+    block_ho: int = 32  # down rows (of H) per down-kernel tile
+    block_id: int = 128  # I chunk of the down kernel's reduction loop
     block_c: int = 1024  # H chunk per combine program
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 3
+    programs: int = 1024  # aim for about this many programs per kernel; each loops over its tiles
 
     def __post_init__(self):
         for name in ("block_m", "block_i", "block_h", "block_ho", "block_id", "block_c"):
@@ -55,6 +58,12 @@ class DecodeConfig:
                 raise ValueError(f"DecodeConfig.{name} must be a power of two >= 16, got {v!r}")
         if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"bad num_warps={self.num_warps} / num_stages={self.num_stages}")
+        if not isinstance(self.programs, int) or self.programs < 1:
+            raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
+
+    def tiles_per_slot(self, slots: int, tiles: int) -> int:
+        """Programs given to each used expert: ~programs / slots, at least 1, at most one per tile."""
+        return max(1, min(tiles, -(-self.programs // slots)))
 
 
 def default_config(T: int, K: int, E: int, H: int, I: int, device: torch.device) -> DecodeConfig:  # noqa: E741
@@ -64,7 +73,7 @@ def default_config(T: int, K: int, E: int, H: int, I: int, device: torch.device)
     all of an expert's rows and its weights are streamed once.
     """
     if device.type != "cuda":
-        return DecodeConfig(block_h=32, block_id=32, block_c=64, num_stages=1)
+        return DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, block_c=64, num_stages=1)
     block_m = min(64, max(16, triton.next_power_of_2(-(-2 * T * K // E))))
     return DecodeConfig(block_m=block_m)
 
@@ -145,13 +154,13 @@ def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Deco
     CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
-    _up_swiglu_kernel[(slots, triton.cdiv(I, cfg.block_i))](
+    _up_swiglu_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(I, cfg.block_i)))](
         x_TH, ids_TK, gate_up_E2IH, h_NI, N, K, E, H, I,
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1),
         gate_up_E2IH.stride(0), gate_up_E2IH.stride(1), h_NI.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-    _down_kernel[(slots, triton.cdiv(H, cfg.block_ho))](
+    _down_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
         h_NI, ids_TK, weights_TK, down_EHI, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         down_EHI.stride(0), down_EHI.stride(1), h_NI.stride(0), out_NH.stride(0),

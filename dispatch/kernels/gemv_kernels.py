@@ -45,30 +45,35 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, h_ptr, N, K, E, H, I,
                       s_xt, s_it, s_ik, s_ge, s_gi, s_hn,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """h_NI[rows of e, i-tile] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once."""
+    """h_NI[rows of e, i-tiles] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
+
+    Grid (slot, P): program (slot, p) finds its expert e, then does I tiles p, p + P, p + 2P, ...
+    """
     slot = tl.program_id(0)
     e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
-    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    mask_i = offs_i < I
-    gate_ptr = gu_ptr + e.to(tl.int64) * s_ge + offs_i[None, :] * s_gi  # [1, BLOCK_I], H is contiguous
-    up_ptr = gate_ptr + I * s_gi
     for m0 in range(0, count, BLOCK_M):
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
         x_row = x_ptr + (rows_M // K).to(tl.int64)[:, None] * s_xt
-        acc_g = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
-        for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            mask_h = offs_h < H
-            x_MH = tl.load(x_row + offs_h[None, :], mask=valid_M[:, None] & mask_h[None, :], other=0.0)
-            w_mask = mask_h[:, None] & mask_i[None, :]
-            g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
-            u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
-            acc_g = tl.dot(x_MH, g_HI, acc_g)
-            acc_u = tl.dot(x_MH, u_HI, acc_u)
-        h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
-        h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
-        tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
+        # this program's I tiles: program_id(1), + num_programs(1), ... (amortises the grouping above)
+        for tile in range(tl.program_id(1), tl.cdiv(I, BLOCK_I), tl.num_programs(1)):
+            offs_i = tile * BLOCK_I + tl.arange(0, BLOCK_I)
+            mask_i = offs_i < I
+            gate_ptr = gu_ptr + e.to(tl.int64) * s_ge + offs_i[None, :] * s_gi  # [1, BLOCK_I], H contiguous
+            up_ptr = gate_ptr + I * s_gi
+            acc_g = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
+            for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
+                offs_h = h0 + tl.arange(0, BLOCK_H)
+                mask_h = offs_h < H
+                x_MH = tl.load(x_row + offs_h[None, :], mask=valid_M[:, None] & mask_h[None, :], other=0.0)
+                w_mask = mask_h[:, None] & mask_i[None, :]
+                g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
+                u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
+                acc_g = tl.dot(x_MH, g_HI, acc_g)
+                acc_u = tl.dot(x_MH, u_HI, acc_u)
+            h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
+            h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
+            tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
 
 
 @triton.jit
@@ -76,25 +81,29 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, out_ptr, N, K, E, H, I,
                  s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_hn, s_on,
                  BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """out_NH[rows of e, h-tile] = weight · (h @ down.T), in fp32; down rows streamed once."""
+    """out_NH[rows of e, h-tiles] = weight · (h @ down.T), in fp32; down rows streamed once.
+
+    Grid (slot, P): program (slot, p) does H tiles p, p + P, ... reducing over all of I.
+    """
     slot = tl.program_id(0)
     e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
-    offs_o = tl.program_id(1) * BLOCK_HO + tl.arange(0, BLOCK_HO)
-    mask_o = offs_o < H
-    down_ptr = dn_ptr + e.to(tl.int64) * s_de + offs_o[None, :] * s_dh  # [1, BLOCK_HO], I is contiguous
     for m0 in range(0, count, BLOCK_M):
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
         h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
-        acc = tl.zeros([BLOCK_M, BLOCK_HO], dtype=tl.float32)
-        for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
-            offs_i = i0 + tl.arange(0, BLOCK_I)
-            mask_i = offs_i < I
-            h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0)
-            d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
-            acc = tl.dot(h_MI, d_IO, acc)
-        w_M = tl.load(w_ptr + (rows_M // K) * s_wt + (rows_M % K) * s_wk, mask=valid_M, other=0.0)
-        out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
-        tl.store(out, acc * w_M.to(tl.float32)[:, None], mask=valid_M[:, None] & mask_o[None, :])
+        w_M = tl.load(w_ptr + (rows_M // K) * s_wt + (rows_M % K) * s_wk, mask=valid_M, other=0.0).to(tl.float32)
+        for tile in range(tl.program_id(1), tl.cdiv(H, BLOCK_HO), tl.num_programs(1)):
+            offs_o = tile * BLOCK_HO + tl.arange(0, BLOCK_HO)
+            mask_o = offs_o < H
+            down_ptr = dn_ptr + e.to(tl.int64) * s_de + offs_o[None, :] * s_dh  # [1, BLOCK_HO], I contiguous
+            acc = tl.zeros([BLOCK_M, BLOCK_HO], dtype=tl.float32)
+            for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
+                offs_i = i0 + tl.arange(0, BLOCK_I)
+                mask_i = offs_i < I
+                h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0)
+                d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
+                acc = tl.dot(h_MI, d_IO, acc)
+            out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
+            tl.store(out, acc * w_M[:, None], mask=valid_M[:, None] & mask_o[None, :])
 
 
 @triton.jit

@@ -25,15 +25,10 @@ from dispatch.kernels.sort import sort_by_expert
 
 
 @triton.jit
-def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET,
-                      s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
-                      TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-    if e < 0:  # a block past the used ones
-        return
+def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
+             TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             EVEN_K: tl.constexpr):
+    """One output tile of the up kernel: block pid_b (expert e) × columns pid_n of h."""
     offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.load(rows_ptr + offs_m)
     valid_m = rows < N  # padding slots hold N
@@ -67,14 +62,22 @@ def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET
 
 
 @triton.jit
-def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_BUCKET,
-                 s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET,
+                      s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
+                      TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-    if e < 0:
-        return
+    if e >= 0:  # blocks past the used ones do nothing
+        _up_tile(pid_b, tl.program_id(1), e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
+                 s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+
+
+@triton.jit
+def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi, s_we, s_wn, s_wk,
+               s_on, s_oh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVEN_K: tl.constexpr):
+    """One output tile of the down kernel: block pid_b (expert e) × columns pid_n of out."""
     offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.load(rows_ptr + offs_m)
     valid_m = rows < N
@@ -99,6 +102,17 @@ def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_
     acc = acc * wt[:, None]
     o_ptrs = out_ptr + rows[:, None].to(tl.int64) * s_on + offs_n[None, :] * s_oh  # row n: written once
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_BUCKET,
+                 s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    pid_b = tl.program_id(0)
+    e = tl.load(bexp_ptr + pid_b).to(tl.int64)
+    if e >= 0:
+        _down_tile(pid_b, tl.program_id(1), e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
+                   s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
 def _even_k(kdim_name):

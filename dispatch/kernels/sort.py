@@ -151,7 +151,7 @@ def _scatter_kernel(ids_ptr, before_ptr, counts_ptr, offsets_ptr, num_blocks_ptr
     tl.store(sorted_rows_ptr + slot, n, mask=nmask)
     tl.store(slot_of_ptr + n, slot, mask=nmask)
     tl.store(sorted_rows_ptr + n, tl.zeros([BLOCK_N], tl.int32) + N, mask=(n < P) & (real_s == 0))
-    tl.store(block_expert_ptr + n, tl.where(n * BLOCK_M <= carry, owner_b, -1), mask=n < B)
+    tl.store(block_expert_ptr + n, tl.where(n * BLOCK_M < carry, owner_b, -1), mask=n < B)
     last = tl.arange(0, 2)  # [offsets_E1[E], num_blocks] from program 0
     tl.store(offsets_ptr + E + last, tl.zeros([2], tl.int32) + carry, mask=last < tl.where(pid == 0, 1, 0))
     tl.store(num_blocks_ptr + last, tl.zeros([2], tl.int32) + carry // BLOCK_M,

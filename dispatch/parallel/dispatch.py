@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dispatch.parallel.placement import Placement
+from dispatch.parallel.placement import Placement, as_placement
 
 
 def combine_topk(out_NH: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -87,6 +87,7 @@ def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None):
         ``counts_L[l]`` rows of group l); ``meta`` for :func:`combine`.
     """
     rank, R = dist.get_rank(group), dist.get_world_size(group)
+    placement = as_placement(placement)
     if placement.num_ranks != R:
         raise ValueError(f"placement is for {placement.num_ranks} ranks but the group has {R}")
     T, K = ids_TK.shape

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.parallel.dispatch import combine, combine_topk, dispatch
 from dispatch.parallel.experts import ExpertFn, default_expert_fn, linear_rows, swiglu_rows
-from dispatch.parallel.placement import Placement
+from dispatch.parallel.placement import Placement, as_placement
 from dispatch.reference import check_input, route_reference
 
 
@@ -77,7 +77,7 @@ class ExpertParallelMoE:
         w.validate(cfg)
         self.cfg, self.group = cfg, group
         self.rank, R = dist.get_rank(group), dist.get_world_size(group)
-        self.placement = placement or Placement.contiguous(cfg.num_experts, R)
+        self.placement = as_placement(placement) if placement is not None else Placement.contiguous(cfg.num_experts, R)
         if self.placement.num_experts != cfg.num_experts or self.placement.num_ranks != R:
             raise ValueError(f"placement is for E={self.placement.num_experts}, R={self.placement.num_ranks}; "
                              f"the layer has E={cfg.num_experts} on R={R} ranks")

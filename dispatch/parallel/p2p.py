@@ -28,7 +28,7 @@ MAX_RANKS = 8
 ROWS = 4  # rows per program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["flag_slot"])
 def _put_rows(src, src_row, dest, dst_row, n_items, H, dsts, meta_src, metas, counts, count_at, flags, flag_slot,
               R: tl.constexpr, HAS_META: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
     # Item i: copy src[src_row[i], :] to rank dest[i]'s buffer row dst_row[i] (dest < 0: skip).
@@ -43,17 +43,19 @@ def _put_rows(src, src_row, dest, dst_row, n_items, H, dsts, meta_src, metas, co
         cmask = cols[None, :] < H
         vals = tl.load(src + s_i[:, None] * H + cols[None, :], mask=(d_i[:, None] >= 0) & cmask)
         for d in tl.static_range(R):
-            tl.store(dsts[d] + r_i[:, None] * H + cols[None, :], vals, mask=(d_i[:, None] == d) & cmask)
+            dst = dsts[d].to(tl.pointer_type(src.dtype.element_ty))  # a peer's address, as an int
+            tl.store(dst + r_i[:, None] * H + cols[None, :], vals, mask=(d_i[:, None] == d) & cmask)
     if HAS_META:  # (slot, weight bits) per row, and program 0 writes the row counts
         j = tl.arange(0, 2)
         m = tl.load(meta_src + i[:, None] * 2 + j[None, :], mask=live[:, None], other=0)
         for d in tl.static_range(R):
-            tl.store(metas[d] + r_i[:, None] * 2 + j[None, :], m, mask=(d_i[:, None] == d))
+            meta_d = metas[d].to(tl.pointer_type(tl.int32))
+            tl.store(meta_d + r_i[:, None] * 2 + j[None, :], m, mask=(d_i[:, None] == d))
             if pid == 0:
-                tl.store(metas[d] + count_at + flag_slot, tl.load(counts + d))
+                tl.store(meta_d + count_at + flag_slot, tl.load(counts + d))
     tl.debug_barrier()  # every thread of the program has issued its stores ...
     for d in tl.static_range(R):  # ... before one release add per destination makes them visible
-        tl.atomic_add(flags[d] + flag_slot, 1, sem="release", scope="sys")
+        tl.atomic_add(flags[d].to(tl.pointer_type(tl.int32)) + flag_slot, 1, sem="release", scope="sys")
 
 
 @triton.jit
@@ -120,6 +122,10 @@ class P2PTransport:
             peers["recv"], peers["ret"], peers["meta"], peers["flags"])
         self.recv, self.ret, self.meta, self.flags = (p[rank] for p in (self.recv_peers, self.ret_peers,
                                                                         self.meta_peers, self.flag_peers))
+        # Peers' buffers are passed to the kernel as integer addresses (Triton refuses a tensor
+        # argument that lives on another GPU) and cast back to pointers inside it.
+        self.recv_addrs, self.ret_addrs, self.meta_addrs, self.flag_addrs = (
+            tuple(t.data_ptr() for t in p) for p in (self.recv_peers, self.ret_peers, self.meta_peers, self.flag_peers))
         _, _, self.slot_RE = placement.tables(self.recv.device)
         self.L = len(placement.slots_RS[rank])
         self.epoch = 0
@@ -133,9 +139,9 @@ class P2PTransport:
             src, src_row, dest, dst_row = self.recv, self._one, self._one, self._one
             meta_src = self._one if has_meta else None
         _put_rows[(programs,)](
-            src, src_row, dest, dst_row, n_items, self.H, self.recv_peers if has_meta else self.ret_peers,
-            meta_src if has_meta else dest, self.meta_peers, counts_R if has_meta else dest, self.R * self.N * 2,
-            self.flag_peers, flags_first + self.rank,
+            src, src_row, dest, dst_row, n_items, self.H, self.recv_addrs if has_meta else self.ret_addrs,
+            meta_src if has_meta else dest, self.meta_addrs, counts_R if has_meta else dest, self.R * self.N * 2,
+            self.flag_addrs, flags_first + self.rank,
             R=self.R, HAS_META=has_meta, BLOCK_H=min(1024, triton.next_power_of_2(self.H)), ROWS=ROWS)
 
     def wait_in(self) -> None:

@@ -107,3 +107,15 @@ class Placement:
 @lru_cache(maxsize=64)
 def _tables(placement: Placement, device: str):
     return placement._build_tables(device)
+
+
+def as_placement(p) -> Placement:
+    """This module's Placement from any object with num_experts, num_ranks, slots_RS (e.g. the
+    load-balance chapter's ``dispatch.balance.Placement``; its replica shares are served here by
+    the equal round-robin rule of :meth:`Placement.dest_rank_N`)."""
+    if isinstance(p, Placement):
+        return p
+    try:
+        return Placement(p.num_experts, p.num_ranks, p.slots_RS)
+    except AttributeError as exc:
+        raise ValueError(f"a placement needs num_experts, num_ranks and slots_RS; got {type(p).__name__}") from exc

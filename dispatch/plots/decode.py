@@ -60,7 +60,7 @@ def bandwidth(doc: dict, hbm_bps: float = 4.3e12):
         ax.axhline(hbm_bps / 1e9, color=color("ceiling"), lw=1)
         ax.axhline(0.8 * hbm_bps / 1e9, color=color("ceiling"), lw=0.8, ls=":")
         ax.text(1, hbm_bps / 1e9 * 1.02, "HBM 4.3 TB/s (80% dotted)", fontsize=7, va="bottom")
-        ax.set(xscale="log", xlabel="tokens", title=shape)
+        ax.set(xscale="log", xlabel="tokens", title=shape, ylim=(0, 1.12 * hbm_bps / 1e9))
         ax.set_xticks([r["tokens"] for r in rows], [str(r["tokens"]) for r in rows])
     axes[0][0].set_ylabel("GB/s of expert weights read")
     axes[0][-1].legend(fontsize=7, loc="lower right")

@@ -1,4 +1,8 @@
-"""Chapter 0's figures: where tokens go (token × expert heatmap) and the roofline floors of a layer."""
+"""Chapter 0's figures: where tokens go (token × expert heatmap) and the roofline floors of a layer.
+
+The drawing functions return the figure and do not show it: a notebook cell ends with
+``plt.show()`` (so each figure appears exactly once, under papermill and nbval alike).
+"""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -56,8 +60,18 @@ def draw_routing(num_experts: int = 8, top_k: int = 2, temperature: float = 1.0,
     weights_TK, ids_TK = route_reference((x_TH @ router_EH.T) / temperature, cfg)
     fig = routing_heatmap(weights_TK, ids_TK, num_experts,
                           title=f"{tokens} tokens, top-{top_k} of {num_experts} experts, temperature {temperature:g}")
-    plt.show()
     return fig
+
+
+def routing_widget(seed: int = 0):
+    """ipywidgets sliders (E, K, temperature, T) that redraw :func:`draw_routing` live."""
+    from ipywidgets import FloatLogSlider, IntSlider, interact
+
+    def redraw(num_experts, top_k, temperature, tokens):
+        draw_routing(num_experts, top_k, temperature, tokens, seed=seed)  # ipywidgets shows the figure
+
+    return interact(redraw, num_experts=IntSlider(16, 2, 64), top_k=IntSlider(2, 1, 8),
+                    temperature=FloatLogSlider(1.0, base=10, min=-1, max=1), tokens=IntSlider(24, 1, 64))
 
 
 def roofline_figure(cfg: MoEConfig, tokens=(1, 4, 16, 64, 256, 1024, 4096, 16384), *, bytes_per_param: int = 2):
@@ -78,5 +92,4 @@ def roofline_figure(cfg: MoEConfig, tokens=(1, 4, 16, 64, 256, 1024, 4096, 16384
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"routed experts of one layer: H={cfg.H}, I={cfg.I}, top-{cfg.K} of {cfg.E}, H200 bf16")
-    plt.show()
     return fig

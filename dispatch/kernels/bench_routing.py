@@ -1,0 +1,95 @@
+"""Benchmark of chapter 1: the routing kernel and the token sort against their PyTorch twins.
+
+    python -m dispatch.kernels.bench_routing [--shapes olmoe-1b-7b,...] [--tokens 1,16,...] [--block-m 64]
+
+For each layer shape (E experts, top-K, its routing family) and token count T, times
+``route`` vs ``route_torch`` (the reference router), ``sort_by_expert`` vs ``sort_by_expert_torch``,
+and the two chained (``route+sort``). Ours is checked against the twin before it is timed.
+Rows go to ``results/<gpu>/routing_sort.json`` via ``dispatch.bench.save``.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import torch
+
+from dispatch import bench, runtime
+from dispatch.config import PRESETS
+from dispatch.kernels.routing import route, route_torch
+from dispatch.kernels.sort import sort_by_expert, sort_by_expert_torch
+
+SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3")  # E = 64, 128, 256; K = 8
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+CPU_TOKENS = (1, 16, 64)  # the interpreter is slow: a smoke run only
+FIELDS = ("sorted_rows_P", "block_expert_B", "slot_of_N", "counts_E", "offsets_E1", "num_blocks_1")
+
+
+def _case(cfg, T, dev, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    logits = (torch.randn(T, cfg.E, generator=g) * 2).to(dev, runtime.compute_dtype(dev))
+    bias = (torch.randn(cfg.E, generator=g) * 0.3).to(dev) if cfg.correction_bias else None
+    return logits, bias
+
+
+def _check(cfg, logits, bias, block_m):
+    """Ours must agree with the twin before it is timed (weights to 1e-5; sort exactly)."""
+    w, ids = route(logits, cfg, bias)
+    w_ref, _ = route_torch(logits, cfg, bias)
+    torch.testing.assert_close(w, w_ref, atol=1e-5, rtol=1e-5)
+    a, b = sort_by_expert(ids, cfg.E, block_m), sort_by_expert_torch(ids, cfg.E, block_m)
+    for f in FIELDS:
+        if not torch.equal(getattr(a, f), getattr(b, f)):
+            raise AssertionError(f"sort_by_expert disagrees with its twin on {f}")
+    return ids
+
+
+def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 64) -> list[dict]:
+    """Rows of {shape, E, K, T, op, impl, median_ms, min_ms, max_ms, samples} for every case."""
+    dev = runtime.device(device)
+    tokens = tokens or (TOKENS if dev.type == "cuda" else CPU_TOKENS)
+    rows = []
+    for name in shapes:
+        cfg = PRESETS[name]
+        for T in tokens:
+            logits, bias = _case(cfg, T, dev)
+            ids = _check(cfg, logits, bias, block_m)
+            fns = {
+                ("route", "ours"): lambda: route(logits, cfg, bias),
+                ("route", "torch"): lambda: route_torch(logits, cfg, bias),
+                ("sort", "ours"): lambda: sort_by_expert(ids, cfg.E, block_m),
+                ("sort", "torch"): lambda: sort_by_expert_torch(ids, cfg.E, block_m),
+                ("route+sort", "ours"): lambda: sort_by_expert(route(logits, cfg, bias)[1], cfg.E, block_m),
+                ("route+sort", "torch"): lambda: sort_by_expert_torch(route_torch(logits, cfg, bias)[1], cfg.E,
+                                                                      block_m),
+            }
+            for (op, impl), fn in fns.items():
+                t = bench.time_ms(fn) if dev.type == "cuda" else bench.time_ms(fn, warmup=1, rep=3)
+                rows.append({"shape": name, "E": cfg.E, "K": cfg.K, "T": T, "op": op, "impl": impl,
+                             "block_m": block_m, "dtype": str(logits.dtype).replace("torch.", ""), **t})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts")
+    ap.add_argument("--block-m", type=int, default=64)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out-dir", default=None, help="instead of results/ (e.g. for a CPU smoke run)")
+    args = ap.parse_args(argv)
+    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
+    rows = measure(args.device, shapes=args.shapes.split(","), tokens=tokens, block_m=args.block_m)
+    path = bench.save("routing_sort", rows, out_dir=pathlib.Path(args.out_dir) if args.out_dir else None)
+    by = {(r["shape"], r["T"], r["op"], r["impl"]): r["median_ms"] for r in rows}
+    ops = ("route", "sort", "route+sort")
+    print(f"{'shape':<16}{'T':>7}  " + "  ".join(f"{op + ' ours/torch (us)':>28}" for op in ops))
+    for shape, T in dict.fromkeys((r["shape"], r["T"]) for r in rows):
+        cells = [f"{by[shape, T, op, 'ours'] * 1e3:>12.1f} / {by[shape, T, op, 'torch'] * 1e3:>12.1f}"
+                 for op in ops]
+        print(f"{shape:<16}{T:>7}  " + "  ".join(cells))
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

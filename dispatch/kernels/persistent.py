@@ -1,0 +1,94 @@
+"""A persistent grouped GEMM: one program per SM, each walking over many output tiles.
+
+The plain launch (``grouped_gemm``) starts one program per (block, column tile), including the
+blocks the sort reserved for the worst case that turn out unused: they start, read their expert
+id, and exit. Here the grid is the number of SMs; program p takes tiles p, p + G, p + 2G, ... of
+the ``num_blocks × column tiles`` that are really used (``num_blocks_1`` read on the device, so
+still no host sync). Blocks vary fastest, so the programs running together share an expert's
+weight tile in L2. The tile code is the same (``_up_tile`` / ``_down_tile``); only the schedule
+differs. It is kept as a benchmark contestant: see chapter 2 for where it wins, if anywhere.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch import runtime
+from dispatch.kernels import gemm_config as gc
+from dispatch.kernels import grouped_gemm as gg
+from dispatch.kernels.combine import combine
+from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.sort import sort_by_expert
+
+
+@triton.jit
+def _up_persistent_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, nblocks_ptr, N, H, I,
+                          s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi, NUM_PROGS,
+                          TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    nb = tl.load(nblocks_ptr)
+    total = nb * tl.cdiv(I, BLOCK_N)
+    for tile in range(tl.program_id(0), total, NUM_PROGS):
+        pid_b = tile % nb
+        e = tl.load(bexp_ptr + pid_b).to(tl.int64)
+        gg._up_tile(pid_b, tile // nb, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
+                    s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+
+
+@triton.jit
+def _down_persistent_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, nblocks_ptr, N, H, I,
+                            s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh, NUM_PROGS,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            EVEN_K: tl.constexpr):
+    nb = tl.load(nblocks_ptr)
+    total = nb * tl.cdiv(H, BLOCK_N)
+    for tile in range(tl.program_id(0), total, NUM_PROGS):
+        pid_b = tile % nb
+        e = tl.load(bexp_ptr + pid_b).to(tl.int64)
+        gg._down_tile(pid_b, tile // nb, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
+                      s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+
+
+def _num_programs(dev: torch.device) -> int:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).multi_processor_count
+    return 4  # the interpreter: a few programs, each looping over several tiles
+
+
+def default_configs(num_rows: int, num_experts: int, dev: torch.device) -> tuple[GemmConfig, GemmConfig]:
+    """(up, down) tiles: the H200 sweep's best at large N (results/h200/kernels_sweep.json)."""
+    if runtime.INTERPRET or dev.type != "cuda":
+        return gc.INTERPRET_CONFIG, gc.INTERPRET_CONFIG
+    bm = gc.pick_block_m(num_rows, num_experts, dev)
+    return GemmConfig(bm, 128, 64, 8, 3), GemmConfig(bm, 256 if bm <= 128 else 128, 64, 8, 3)
+
+
+def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None):
+    """Same contract as ``grouped_gemm.moe_experts``, with persistent up and down kernels."""
+    gg.check_experts_input(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    T, H = x_TH.shape
+    K, E, I = ids_TK.shape[1], gate_up_E2IH.shape[0], down_EHI.shape[2]
+    if T == 0:
+        return x_TH.new_zeros(0, H)
+    if not runtime.triton_ok(x_TH):
+        raise ValueError(f"Triton cannot run on {x_TH.device} here (no CUDA and the interpreter is off)")
+    cu, cd = configs or default_configs(T * K, E, x_TH.device)
+    if cu.block_m != cd.block_m:
+        raise ValueError(f"up and down configs must share block_m, got {cu.block_m} and {cd.block_m}")
+    routes = sort_by_expert(ids_TK, E, cu.block_m)
+    G = _num_programs(x_TH.device)
+    N, P = T * K, routes.sorted_rows_P.numel()
+    h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
+    _up_persistent_kernel[(G,)](
+        x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, routes.num_blocks_1, N, H, I,
+        *x_TH.stride(), *gate_up_E2IH.stride(), *h_PI.stride(), G, TOP_K=K, BLOCK_M=cu.block_m,
+        BLOCK_N=cu.block_n, BLOCK_K=cu.block_k, EVEN_K=H % cu.block_k == 0, num_warps=cu.num_warps,
+        num_stages=cu.num_stages)
+    wts_N = weights_TK.reshape(-1).float().contiguous()
+    out_NH = torch.empty(N, H, device=x_TH.device, dtype=x_TH.dtype)
+    _down_persistent_kernel[(G,)](
+        h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, routes.num_blocks_1, N, H, I,
+        *h_PI.stride(), *down_EHI.stride(), *out_NH.stride(), G, BLOCK_M=cd.block_m, BLOCK_N=cd.block_n,
+        BLOCK_K=cd.block_k, EVEN_K=I % cd.block_k == 0, num_warps=cd.num_warps, num_stages=cd.num_stages)
+    return combine(out_NH, K)

@@ -1,0 +1,120 @@
+"""The entry point (``moe`` / ``MoELayer``) against the reference layer, on every path."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dispatch  # noqa: F401  (interpreter on before triton loads)
+from dispatch import moe as moe_mod
+from dispatch import runtime
+from dispatch.config import PRESETS, MoEConfig, random_weights
+from dispatch.moe import MoELayer, moe, pick_path
+from dispatch.reference import moe_reference
+
+CFGS = {
+    "tiny": PRESETS["tiny"],
+    "renorm": MoEConfig(64, 32, 8, 2, norm_topk_prob=True, family="mixtral"),
+    "shared": MoEConfig(64, 32, 8, 3, shared_intermediate_size=48, family="deepseek_moe"),
+    "qwen2": MoEConfig(64, 32, 6, 2, shared_intermediate_size=32, shared_gate=True, family="qwen2_moe"),
+    "v3": MoEConfig(64, 32, 16, 4, scoring="sigmoid", norm_topk_prob=True, n_group=4, topk_group=2,
+                    routed_scaling_factor=2.5, correction_bias=True, shared_intermediate_size=32),
+    "k_eq_e": MoEConfig(64, 32, 4, 4, family="olmoe"),
+}
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("name", list(CFGS))
+@pytest.mark.parametrize("path", ["torch", "triton", "decode"])
+def test_paths_match_reference(name, path):
+    cfg = CFGS[name]
+    w = random_weights(cfg, seed=1)
+    x = torch.randn(23, cfg.H, generator=torch.Generator().manual_seed(2))
+    if path == "decode" and moe_mod._decode_fn() is None:
+        pytest.skip("dispatch.kernels.gemv.moe_decode is not available")
+    y = moe(x, cfg, w, path=path)
+    assert y.shape == x.shape
+    assert rel_err(y, moe_reference(x, cfg, w)) < 1e-5
+
+
+@pytest.mark.parametrize("T", [0, 1, 17, 70])
+def test_auto_path_and_token_counts(T):
+    cfg = CFGS["shared"]
+    w = random_weights(cfg, seed=3)
+    x = torch.randn(T, cfg.H, generator=torch.Generator().manual_seed(T))
+    y = moe(x, cfg, w)
+    assert y.shape == (T, cfg.H)
+    if T:
+        assert rel_err(y, moe_reference(x, cfg, w)) < 1e-5
+        want = "decode" if T <= moe_mod.DECODE_MAX_TOKENS and moe_mod._decode_fn() else "triton"
+        assert pick_path(T, x) == (want if runtime.INTERPRET or runtime.HAS_CUDA else "torch")
+
+
+def test_three_d_input_and_module():
+    cfg = CFGS["tiny"]
+    w = random_weights(cfg, seed=4)
+    x = torch.randn(2, 9, cfg.H, generator=torch.Generator().manual_seed(5))
+    layer = MoELayer(cfg, w, path="triton")
+    y = layer(x)
+    assert y.shape == x.shape
+    ref = moe_reference(x.reshape(-1, cfg.H), cfg, w).view(x.shape)
+    assert rel_err(y, ref) < 1e-5
+    assert torch.equal(y, layer(x)), "not bitwise repeatable"
+    assert "path='triton'" in repr(layer)
+
+
+def test_from_hf_block_matches_transformers():
+    """MoELayer built from a transformers OLMoE block computes what the block computes."""
+    from transformers import OlmoeConfig
+    from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock
+
+    torch.manual_seed(0)
+    hf_cfg = OlmoeConfig(hidden_size=64, intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+    hf_cfg._experts_implementation = "eager"
+    block = OlmoeSparseMoeBlock(hf_cfg).eval()
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x = torch.randn(1, 13, 64)
+    with torch.no_grad():
+        out = block(x)
+        want = out[0] if isinstance(out, tuple) else out
+        y = MoELayer.from_hf(block, hf_cfg, path="triton")(x)
+    assert rel_err(y, want) < 1e-5
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(path="fast"), "path must be one of"),
+    (dict(x=torch.randn(4, 32)), r"shape \[T, H=64\]"),
+    (dict(x=torch.randn(4, 64).double()), "dtype"),
+])
+def test_bad_input(bad, match):
+    cfg = CFGS["tiny"]
+    w = random_weights(cfg, seed=0)
+    x = bad.get("x", torch.randn(4, 64))
+    with pytest.raises(ValueError, match=match):
+        moe(x, cfg, w, path=bad.get("path", "auto"))
+
+
+@pytest.mark.skipif(runtime.HAS_CUDA, reason="CPU-only behaviour")
+def test_bf16_on_cpu_goes_to_torch():
+    cfg = CFGS["tiny"]
+    w = random_weights(cfg, seed=0, dtype=torch.bfloat16)
+    x = torch.randn(5, 64).bfloat16()
+    assert pick_path(5, x) == "torch"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        moe(x, cfg, w, path="triton")
+    assert torch.equal(moe(x, cfg, w), moe_reference(x, cfg, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("T", [1, 8, 200, 3000])
+def test_gpu_layer_bf16(T):
+    cfg = PRESETS["olmoe-1b-7b"]
+    w = random_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(T, cfg.H, device="cuda", dtype=torch.bfloat16)
+    y = moe(x, cfg, w)
+    assert rel_err(y, moe_reference(x, cfg, w)) < 1e-2
+    assert torch.equal(y, moe(x, cfg, w))

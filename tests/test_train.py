@@ -1,0 +1,119 @@
+"""The router hooks against hand-written references on transformers' own OLMoE block; a smoke train."""
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dispatch  # noqa: F401
+from dispatch import balance as bal
+from dispatch import train
+
+MICRO = train.PRESETS["micro"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return train.build_model(MICRO).eval()
+
+
+def block_reference(block, x_TH, keep_TK=None, ids_TK=None, weights_TK=None):
+    """y_TH = Σ_k keep · weight · SwiGLU expert(x), written out token by token."""
+    logits = x_TH @ block.gate.weight.t()
+    probs = torch.softmax(logits.float(), -1)
+    if ids_TK is None:
+        weights_TK, ids_TK = torch.topk(probs, block.gate.top_k, dim=-1)
+    ex = block.experts
+    I = ex.intermediate_dim
+    y = torch.zeros_like(x_TH)
+    for t in range(x_TH.shape[0]):
+        for k in range(ids_TK.shape[1]):
+            if keep_TK is not None and not keep_TK[t, k]:
+                continue
+            e = int(ids_TK[t, k])
+            gu = ex.gate_up_proj[e] @ x_TH[t]
+            h = F.silu(gu[:I]) * gu[I:]
+            y[t] += weights_TK[t, k] * (ex.down_proj[e] @ h)
+    return y
+
+
+@pytest.mark.parametrize("cf", [None, 2.0, 1.0, 0.5])
+def test_capacity_hook_matches_reference(model, cf):
+    block = train.moe_blocks(model)[0]
+    x = torch.randn(24, MICRO.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), train.RouterTap(model, capacity_factor=cf) as tap:
+        y = block(x[None])[0]
+    ids = tap.ids_L[0]
+    keep = bal.capacity_keep_mask(ids, MICRO.num_experts, cf)
+    assert torch.equal(tap.keep_L[0], keep)
+    with torch.no_grad():
+        ref = block_reference(block, x, keep_TK=keep)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    assert tap.dropped_L[0] == int((~keep).sum()) and tap.pairs_L[0] == ids.numel()
+    assert tap.counts_LE[0].sum().item() == int(keep.sum())
+    if cf is None:
+        with torch.no_grad():
+            assert torch.equal(y, block(x[None])[0])  # dropless hook = transformers' block untouched
+
+
+def test_bias_hook_chooses_with_bias_weights_without(model):
+    block = train.moe_blocks(model)[0]
+    x = torch.randn(10, MICRO.hidden_size, generator=torch.Generator().manual_seed(1))
+    bias = torch.zeros(1, MICRO.num_experts)
+    bias[0, 3] = 10.0  # expert 3 wins every token's first choice
+    with torch.no_grad(), train.RouterTap(model, bias_LE=bias) as tap:
+        y = block(x[None])[0]
+    ids = tap.ids_L[0]
+    assert (ids[:, 0] == 3).all()
+    probs = torch.softmax(x @ block.gate.weight.t(), -1)
+    with torch.no_grad():
+        ref = block_reference(block, x, ids_TK=ids, weights_TK=probs.gather(1, ids))
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="bias_LE"):
+        train.RouterTap(model, bias_LE=torch.zeros(2, 2))
+
+
+def test_evaluate_matches_transformers_loss(model):
+    win = torch.randint(0, MICRO.vocab_size, (3, MICRO.seq_len + 1), generator=torch.Generator().manual_seed(2))
+    out = train.evaluate(model, win, batch_size=2, keep_routes=True)
+    with torch.no_grad():
+        hf = model(input_ids=win, labels=win).loss.item()  # transformers shifts labels itself
+    assert out["ppl"] == pytest.approx(math.exp(hf), rel=1e-4)
+    assert out["dropped"] == 0.0 and out["tokens"] == 3 * MICRO.seq_len
+    assert out["ids_LTK"].shape == (1, 3 * MICRO.seq_len, MICRO.top_k)
+    assert out["counts_LE"].sum().item() == 3 * MICRO.seq_len * MICRO.top_k
+    dropped = train.evaluate(model, win, batch_size=2, capacity_factor=0.5)
+    assert dropped["dropped"] >= 0.5 - 1e-9  # capacity 0.5 × mean load keeps at most half
+
+
+@pytest.mark.parametrize("mode", ["aux", "bias", "none"])
+def test_smoke_train_save_load(tmp_path, mode):
+    cfg = dataclasses.replace(MICRO, balance=mode, threads=1, bias_rate=0.05)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, cfg.vocab_size, (2000,), generator=g)
+    m, bias, log = train.train(cfg, ids[:1500], ids[1500:], progress=False)
+    assert log["curves"]["step"] == [1, 2, 3] and all(math.isfinite(x) for x in log["curves"]["loss"])
+    assert (bias is not None) == (mode == "bias")
+    if mode == "bias":  # three steps of ±0.05 (or 0): bias on the grid, sums of signs
+        assert torch.all((bias / 0.05 - (bias / 0.05).round()).abs() < 1e-4) and bias.abs().max() > 0
+    from tokenizers import Tokenizer, models
+    tok = Tokenizer(models.BPE())
+    log.update(config=dataclasses.asdict(cfg))
+    train.save(m, bias, log, tok, tmp_path / "ck", {"hash": "x", "files": []})
+    back = train.load(tmp_path / "ck", device="cpu")
+    x = ids[None, :16]
+    with torch.no_grad():
+        torch.testing.assert_close(back.model(input_ids=x).logits, m(input_ids=x).logits)
+    assert back.log["config"]["balance"] == mode
+    if mode == "bias":
+        assert torch.equal(back.bias_LE, bias)
+    else:
+        assert back.bias_LE is None
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="balance"):
+        dataclasses.replace(MICRO, balance="magic")
+    with pytest.raises(ValueError, match="top_k"):
+        dataclasses.replace(MICRO, top_k=9)
