@@ -59,6 +59,11 @@ def gpu_slug(name: str | None = None) -> str:
 
 
 def git_commit() -> str:
+    """HEAD (+dirty), or $DISPATCH_GIT_COMMIT where the tree was copied without .git (GPU machines)."""
+    import os
+
+    if os.environ.get("DISPATCH_GIT_COMMIT"):
+        return os.environ["DISPATCH_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "dispatch"], cwd=ROOT, capture_output=True,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from dispatch import balance, data, runtime
 
@@ -200,8 +201,6 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
     curves = {k: [] for k in ("step", "loss", "imbalance", "cv", "eval_step", "eval_ppl")}
     window = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.int64)
     losses = []
-    from tqdm.auto import tqdm
-
     t0 = time.time()
     bar = tqdm(range(1, cfg.steps + 1), disable=not progress, desc=f"train {cfg.balance}")
     for step in bar:
@@ -210,10 +209,11 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
             logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
         ce = loss.detach().item()
-        if cfg.balance == "aux" and cfg.aux_coef:
-            loss = loss + cfg.aux_coef * sum(balance.aux_loss(lg, i) for lg, i in zip(tap.logits_L, tap.ids_L)) / len(tap.logits_L)
+        L = len(tap.logits_L)
+        if cfg.balance == "aux" and cfg.aux_coef:  # mean over layers of each layer's Switch loss
+            loss = loss + cfg.aux_coef * sum(balance.aux_loss(lg, i) for lg, i in zip(tap.logits_L, tap.ids_L)) / L
         if cfg.z_coef:
-            loss = loss + cfg.z_coef * sum(balance.z_loss(lg) for lg in tap.logits_L) / len(tap.logits_L)
+            loss = loss + cfg.z_coef * sum(balance.z_loss(lg) for lg in tap.logits_L) / L
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

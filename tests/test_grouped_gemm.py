@@ -121,7 +121,7 @@ def test_rows_do_not_depend_on_other_rows_values():
     x, w, ids, gate_up, down = make_case(24, 64, 32, 4, 2, seed=5)
     y_all = gg.moe_experts(x, w, ids, gate_up, down, config=CPU_CFG)
     keep = torch.tensor([0, 7, 21])
-    x_other = torch.randn_like(x) * 100
+    x_other = torch.randn_like(x) * 10
     x_other[keep] = x[keep]
     y_other = gg.moe_experts(x_other, w, ids, gate_up, down, config=CPU_CFG)
     assert torch.equal(y_other[keep], y_all[keep])

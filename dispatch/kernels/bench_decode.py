@@ -8,8 +8,8 @@ contestant: ``ours`` (``moe_decode``, as a user calls it: host overhead included
 tiles: too few programs to fill the GPU), transformers' ``batched_mm`` and ``grouped_mm``
 (``OlmoeExperts`` holding our tensors), and ``loop`` (the per-expert PyTorch loop of
 ``dispatch.reference``). The floor is the bytes of the distinct chosen experts over 4.3 TB/s.
-``--tune`` first times a few tile configs per shape at 1 and 64 tokens and uses the best (for
-T <= 8 the one tuned at 1 token, else the one tuned at 64); each row records its config.
+``--tune`` first times a few tile configs per shape at 1 and 64 tokens and uses the best (the one
+tuned at 1 token where the default is ``FEW_EXPERTS``, else the one at 64); rows record their config.
 Rows go to ``results/<gpu>/decode.json`` (``dispatch.bench.save``).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from dispatch import bench, runtime
 from dispatch.config import PRESETS
 from dispatch.kernels import hf_baselines as hf
-from dispatch.kernels.gemv import DecodeConfig, default_config, moe_decode
+from dispatch.kernels.gemv import FEW_EXPERTS, DecodeConfig, default_config, moe_decode
 from dispatch.reference import experts_reference, route_reference
 
 HBM_BPS = 4.3e12  # measured H200 copy bandwidth (shared/gpu.md): the denominator of "% of HBM"
@@ -89,7 +89,9 @@ def measure(name: str, tokens, dev, dtype, configs=None, log=print) -> list[dict
     rows = []
     for T in tokens:
         cfg, x, w, ids, gu, dn = make_case(name, T, dev, dtype, seed=T)
-        dcfg = (configs or {}).get(1 if T <= 8 else 64) or default_config(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
+        dcfg = default_config(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
+        if configs:  # the tuned config of the same regime (few / many experts used) as the default
+            dcfg = configs[1 if dcfg.programs == FEW_EXPERTS.programs else 64]
         ref = experts_reference(x, w.to(dtype), ids, gu, dn)
         y = moe_decode(x, w, ids, gu, dn, config=dcfg)
         err = ((y.float() - ref.float()).norm() / ref.float().norm()).item()

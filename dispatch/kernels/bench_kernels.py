@@ -160,7 +160,7 @@ def sweep(shape: str, tokens, dev, dtype, log=print) -> list[dict]:
             t = bench.time_ms(fn, warmup=5, rep=20)
             rows.append({"shape": shape, "tokens": T, "kernel": kind, **t})
             log(f"sweep {shape} T={T} {kind} {t['median_ms']:.4f} ms")
-        bms = (16, 64) if T * cfg.K <= 64 * cfg.E else (64, 128)
+        bms = (16, 32, 64) if T * cfg.K <= 64 * cfg.E else (64, 128)
         for bm, bn, bk, nw, ns in [(bm,) + tile for bm in bms for tile in SWEEP_TILES]:
             c = GemmConfig(bm, bn, bk, nw, ns)
             routes = sort_by_expert(ids_TK, cfg.E, bm)

@@ -33,10 +33,17 @@ def _case(cfg, T, dev, seed=0):
 
 
 def _check(cfg, logits, bias, block_m):
-    """Ours must agree with the twin before it is timed (weights to 1e-5; sort exactly)."""
+    """Ours must agree with the twin before it is timed: the sort exactly; the router's weights to
+    1e-5 (softmax: everywhere, ties have equal weights; sigmoid: where the ids agree, which must be
+    at least 99.9% of the tokens — the rest are near-ties, see tests/test_routing.py)."""
     w, ids = route(logits, cfg, bias)
-    w_ref, _ = route_torch(logits, cfg, bias)
-    torch.testing.assert_close(w, w_ref, atol=1e-5, rtol=1e-5)
+    w_ref, ids_ref = route_torch(logits, cfg, bias)
+    same = (ids == ids_ref).all(dim=1)
+    if cfg.scoring == "softmax":
+        torch.testing.assert_close(w, w_ref, atol=1e-5, rtol=1e-5)
+    elif same.float().mean().item() < 0.999:
+        raise AssertionError(f"route disagrees with its twin on {int((~same).sum())} of {len(same)} tokens")
+    torch.testing.assert_close(w[same], w_ref[same], atol=1e-5, rtol=1e-5)
     a, b = sort_by_expert(ids, cfg.E, block_m), sort_by_expert_torch(ids, cfg.E, block_m)
     for f in FIELDS:
         if not torch.equal(getattr(a, f), getattr(b, f)):

@@ -24,7 +24,7 @@ Plain-PyTorch twin: :func:`moe_decode_torch`; naive per-token loop: :func:`decod
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +33,6 @@ from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton
 import triton
 
 from dispatch.kernels.gemv_kernels import _combine_kernel, _down_kernel, _up_swiglu_kernel
-
-MAX_DECODE_TOKENS = 64  # the entry point sends T <= this here
 
 
 @dataclass(frozen=True)
@@ -66,18 +64,26 @@ class DecodeConfig:
         return max(1, min(tiles, -(-self.programs // slots)))
 
 
-def default_config(T: int, K: int, E: int, H: int, I: int, device: torch.device) -> DecodeConfig:  # noqa: E741
-    """Tiles for these sizes: small under the interpreter; on a GPU, tuned on an H200 (bench_decode --tune).
+# Tuned on an H200 (bench_decode --tune, OLMoE / Mixtral / Qwen3 shapes, 1 and 64 tokens): thin tiles
+# and many programs while few experts are used; wider tiles and ~2 programs per SM once the used
+# experts alone give several waves of tiles (then fewer, longer programs amortise the grouping).
+FEW_EXPERTS = DecodeConfig(block_i=32, block_h=256, block_ho=32, block_id=128, num_stages=3, programs=1056)
+MANY_EXPERTS = DecodeConfig(block_i=64, block_h=128, block_ho=64, block_id=128, num_stages=3, programs=264)
+INTERPRETER = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, block_c=64, num_stages=1)
 
-    block_m covers about twice the mean rows per expert (T·K/E), so one tl.dot pass usually takes
-    all of an expert's rows and its weights are streamed once.
+
+def default_config(T: int, K: int, E: int, H: int, I: int, device: torch.device) -> DecodeConfig:  # noqa: E741
+    """The launch config ``moe_decode`` uses for these sizes (small tiles under the interpreter).
+
+    ``MANY_EXPERTS`` once min(E, T·K) experts × I/64 tiles reach 4 waves of 132 SMs, else
+    ``FEW_EXPERTS``; block_m covers about twice the mean rows per expert (T·K/E), so one tl.dot
+    pass usually takes all of an expert's rows and its weights are streamed once.
     """
     if device.type != "cuda":
-        return DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, block_c=64, num_stages=1)
+        return INTERPRETER
+    base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * 132 else FEW_EXPERTS
     block_m = min(64, max(16, triton.next_power_of_2(-(-2 * T * K // E))))
-    return DecodeConfig(block_m=block_m)
-
-
+    return replace(base, block_m=block_m)
 
 
 def check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> tuple[int, int, int, int, int]:

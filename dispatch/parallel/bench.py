@@ -114,6 +114,14 @@ def run(args, rank, R):
             record("exchange", "p2p_dispatch_combine", T,
                    lockstep_us(lambda: p2p.round_trip(x_TH, weights_TK, ids_TK), iters, args.reps, cuda),
                    2 * T * K * H * esize, bitwise_equal_to_nccl=same)
+            # No host sync anywhere in the round trip, so it can be one CUDA graph: one launch.
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y_graph = p2p.round_trip(x_TH, weights_TK, ids_TK)
+            graph.replay()
+            same = bitwise_equal(y_graph, nccl_round())
+            record("exchange", "p2p_dispatch_combine_graph", T, lockstep_us(graph.replay, iters, args.reps, cuda),
+                   2 * T * K * H * esize, bitwise_equal_to_nccl=same)
 
         # The whole layer: expert parallel (NCCL, p2p) vs the global batch on one GPU, bit for bit.
         want = moe_single(x_all, cfg, w, fn)[rank * T:(rank + 1) * T]

@@ -20,7 +20,23 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dispatch import runtime
 from dispatch.parallel.placement import Placement, as_placement
+
+if runtime.HAS_CUDA:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gather_sum_k(src, index, y, H, K: tl.constexpr, BLOCK_H: tl.constexpr):
+        # y[t] = src[index[t·K]] + src[index[t·K + 1]] + ... in fp32, left to right, cast once.
+        t = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        m = cols < H
+        acc = tl.load(src + tl.load(index + t * K).to(tl.int64) * H + cols, mask=m).to(tl.float32)
+        for k in tl.static_range(1, K):
+            acc += tl.load(src + tl.load(index + t * K + k).to(tl.int64) * H + cols, mask=m).to(tl.float32)
+        tl.store(y + t * H + cols, acc.to(y.dtype.element_ty), mask=m)
 
 
 def combine_topk(out_NH: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -32,6 +48,27 @@ def combine_topk(out_NH: torch.Tensor, top_k: int) -> torch.Tensor:
     for k in range(1, top_k):
         acc_TH = acc_TH + out_TKH[:, k].float()
     return acc_TH.to(out_NH.dtype)
+
+
+def gather_combine(src_MH: torch.Tensor, index_N: torch.Tensor, top_k: int) -> torch.Tensor:
+    """y_TH[t] = Σ_k src_MH[index_N[t·K + k]] in k order: :func:`combine_topk` of a gather, fused
+    into one Triton launch on CUDA (every path of the layer sums through here, so a device's
+    paths agree to the bit)."""
+    if not src_MH.is_cuda:
+        return combine_topk(src_MH[index_N], top_k)
+    T, H = index_N.shape[0] // top_k, src_MH.shape[1]
+    y_TH = src_MH.new_empty(T, H)
+    if T:
+        block = min(1024, triton.next_power_of_2(H))
+        _gather_sum_k[(T, triton.cdiv(H, block))](src_MH, index_N, y_TH, H, K=top_k, BLOCK_H=block)
+    return y_TH
+
+
+def inverse(order_N: torch.Tensor) -> torch.Tensor:
+    """inv[order_N[i]] = i: where row n sits after a permutation."""
+    inv = torch.empty_like(order_N)
+    inv[order_N] = torch.arange(order_N.shape[0], device=order_N.device)
+    return inv
 
 
 @dataclass(frozen=True)
@@ -128,8 +165,4 @@ def combine(out_MH: torch.Tensor, meta: DispatchMeta, group=None) -> torch.Tenso
     back_MH = torch.empty_like(out_MH)
     back_MH[meta.recv_order_M] = out_MH
     home_NH = _a2a(back_MH, meta.recv_counts, meta.send_counts, group)
-    out_NH = torch.empty_like(home_NH)
-    out_NH[meta.order_N] = home_NH
-    if meta.num_tokens == 0:
-        return out_NH.new_zeros(0, out_MH.shape[1])
-    return combine_topk(out_NH, meta.top_k)
+    return gather_combine(home_NH, inverse(meta.order_N), meta.top_k)

@@ -103,10 +103,14 @@ def launch(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float =
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(f"nccl with {world_size} ranks needs {world_size} GPUs, found {torch.cuda.device_count()}")
-    # forkserver: one server process imports torch and dispatch once, then forks a rank in
-    # milliseconds (spawn would re-import torch in every rank). Nothing has touched CUDA there.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["dispatch.parallel.workers"])
+    # gloo: one forkserver imports torch and dispatch once, then forks each rank in milliseconds
+    # (spawn would re-import torch in every rank).
+    # CUDA cannot be used in a forked child: NCCL ranks are spawned (each imports torch itself).
+    if backend == "nccl":
+        ctx = mp.get_context("spawn")
+    else:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["dispatch.parallel.workers"])
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, timeout_s, fn, args, kwargs, results),

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dispatch.config import MoEConfig, MoEWeights
-from dispatch.parallel.dispatch import combine, combine_topk, dispatch
+from dispatch.parallel.dispatch import combine, dispatch, gather_combine, inverse
 from dispatch.parallel.experts import ExpertFn, default_expert_fn, linear_rows, swiglu_rows
 from dispatch.parallel.placement import Placement, as_placement
 from dispatch.reference import check_input, route_reference
@@ -46,9 +46,7 @@ def experts_single(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, expert_fn: 
                      .scatter_add_(0, ids_N, torch.ones_like(ids_N)).tolist())
     out_sorted = expert_fn(x_TH[order_N // K], weights_TK.float().reshape(-1)[order_N], counts_E,
                            gate_up_E2IH, down_EHI)
-    out_NH = torch.empty_like(out_sorted)
-    out_NH[order_N] = out_sorted
-    return combine_topk(out_NH, K) if T else x_TH.new_zeros(0, x_TH.shape[1])
+    return gather_combine(out_sorted, inverse(order_N), K)
 
 
 def moe_single(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights, expert_fn: ExpertFn | None = None) -> torch.Tensor:

@@ -99,6 +99,8 @@ class Placement:
         replica_EX, n_E, _ = self.tables(ids_TK.device)
         T, K = ids_TK.shape
         ids = ids_TK.long()
+        if replica_EX.shape[1] == 1:  # no replicas: the owner table says it all
+            return replica_EX[:, 0][ids].reshape(T * K)
         t_TK = torch.arange(T, device=ids.device).unsqueeze(1).expand(T, K)
         j_TK = (origin_rank + t_TK) % n_E[ids]
         return replica_EX[ids, j_TK].reshape(T * K)

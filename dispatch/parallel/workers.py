@@ -211,18 +211,16 @@ def p2p_simulated(case: Case, placement: Placement, rounds: int = 2):
     sl = [slice(sum(toks[:r]), sum(toks[:r + 1])) for r in range(R)]
     ts = P2PTransport.simulated(case.cfg, placement, max_tokens=max(max(toks), 1), dtype=x.dtype)
     for _ in range(rounds):
-        routes = [ts[r].send(x[sl[r]], wt[sl[r]], ids[sl[r]], wait=False) for r in range(R)]
+        homes = [ts[r].send(x[sl[r]], wt[sl[r]], ids[sl[r]], wait=False) for r in range(R)]
         for t in ts:
             t.wait_in()
-        metas = []
         for r, t in enumerate(ts):
-            x_MH, weight_M, counts_L, meta = t.local_rows(toks[r], *routes[r])
+            x_MH, weight_M, counts_L, recv_order_M = t.local_rows()
             slots = list(placement.slots_RS[r])
             stage = torch.zeros_like(t.recv)
-            stage[meta[3]] = fn(x_MH, weight_M, counts_L, w.gate_up_E2IH[slots], w.down_EHI[slots])
-            t.send_back(stage, meta[4])
-            metas.append(meta)
+            stage[recv_order_M] = fn(x_MH, weight_M, counts_L, w.gate_up_E2IH[slots], w.down_EHI[slots])
+            t.send_back(stage)
         for t in ts:
             t.wait_back()
-        ys = [t.gather_home(m[1], m[2], toks[r]) for r, (t, m) in enumerate(zip(ts, metas))]
+        ys = [t.gather_home(h) for t, h in zip(ts, homes)]
     return ys, experts_single(x, wt, ids, w.gate_up_E2IH, w.down_EHI, fn), sl, ts

@@ -7,8 +7,13 @@ import torch
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 
-def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer"):
-    """One bar chart per layer: tokens of each expert / mean (1.0 = perfectly balanced)."""
+def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer", max_layers: int = 8):
+    """One bar chart per layer: tokens of each expert / mean (1.0 = perfectly balanced).
+
+    More than ``max_layers`` layers: an evenly spaced selection of them (titled by layer index)."""
+    step = max(1, -(-counts_LE.shape[0] // max_layers))
+    names = list(range(0, counts_LE.shape[0], step))
+    counts_LE = counts_LE[names]
     L, E = counts_LE.shape
     cols = min(L, 4)
     rows = (L + cols - 1) // cols
@@ -18,7 +23,7 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
         c = counts_LE[layer].double()
         ax.bar(range(E), (c / c.mean()).tolist(), color="tab:blue")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_title(f"layer {names[layer]}", fontsize=9)
         ax.set_xlabel("expert")
     for i in range(L, rows * cols):
         axes[i // cols][i % cols].axis("off")
