@@ -181,12 +181,14 @@ def greedy_placement(load_E, num_ranks: int, slots_per_rank: int) -> Placement:
     """EPLB-style: replicate the hottest experts into the spare slots, then pack greedily.
 
     1. Every expert gets one replica; each of the ``R·S − E`` spare slots goes to the expert with
-       the largest load per replica (at most one replica per rank). Replicas split their expert's
-       tokens equally.
-    2. Replicas, heaviest first, go to the least-loaded rank that has a free slot and does not
-       hold that expert yet (ties: lowest rank). Should none qualify, the replica's share merges
-       into the expert's least-loaded existing replica (so no rank exceeds ``slots_per_rank``).
-    With ``slots_per_rank = E / R`` there are no replicas: a load-aware partition.
+       the largest load per replica (at most one replica per rank; ties: lower expert id).
+    2. Experts, heaviest load per replica first, put their replicas on the least-loaded ranks
+       that still have a free slot (ties: lowest rank). Should fewer such ranks remain than the
+       expert has replicas, it gets fewer replicas (never fewer than one: free slots always
+       outnumber the replicas still to place).
+    Replicas split their expert's tokens equally (share 1 / replicas), the rule
+    ``dispatch.parallel`` serves them by. With ``slots_per_rank = E / R`` there are no replicas:
+    a load-aware partition of the experts.
     """
     load = [float(x) for x in load_E]
     E, R, S = len(load), num_ranks, slots_per_rank
@@ -200,20 +202,16 @@ def greedy_placement(load_E, num_ranks: int, slots_per_rank: int) -> Placement:
         if not cand:
             break
         n_E[max(cand, key=lambda e: (load[e] / n_E[e], -e))] += 1
-    reps = sorted(((load[e] / n_E[e], e) for e in range(E) for _ in range(n_E[e])), key=lambda x: (-x[0], x[1]))
     slots = [[] for _ in range(R)]
     shares = [[] for _ in range(R)]
     rank_load = [0.0] * R
-    for w, e in reps:
-        ok = [r for r in range(R) if len(slots[r]) < S and e not in slots[r]]
-        if ok:
-            r = min(ok, key=lambda r: (rank_load[r], r))
+    for e in sorted(range(E), key=lambda e: (-load[e] / n_E[e], e)):
+        free = sorted((r for r in range(R) if len(slots[r]) < S), key=lambda r: (rank_load[r], r))
+        chosen = free[: n_E[e]]
+        for r in chosen:
             slots[r].append(e)
-            shares[r].append(1.0 / n_E[e])
-        else:
-            r = min((r for r in range(R) if e in slots[r]), key=lambda r: (rank_load[r], r))
-            shares[r][slots[r].index(e)] += 1.0 / n_E[e]
-        rank_load[r] += w
+            shares[r].append(1.0 / len(chosen))
+            rank_load[r] += load[e] / len(chosen)
     return Placement(E, R, tuple(map(tuple, slots)), tuple(map(tuple, shares)))
 
 

@@ -29,6 +29,8 @@ RESULTS = ROOT / "results"
 # Suites: name -> module with a ``main(argv)``. A chapter's suite lives next to its code.
 SUITES = {
     "kernels": "dispatch.kernels.bench_kernels",
+    "routing": "dispatch.kernels.bench_routing",
+    "decode": "dispatch.kernels.bench_decode",
     "parallel": "dispatch.parallel.bench",
     "ceilings": "dispatch.bench_ceilings",
 }

@@ -168,3 +168,17 @@ def test_top_tokens_hand_case():
     assert out[0] == [(5, 1.0, 2), (7, 1 / 3, 3)]  # token 9 seen once: below min_count
     assert out[1] == [(7, 1.0, 3), (5, 0.5, 2)]
     assert out[2] == [(7, 2 / 3, 3), (5, 0.5, 2)]
+
+
+def test_greedy_shares_are_equal_and_parallel_layer_agrees():
+    """Replicas split tokens equally: the rule dispatch.parallel serves a placement by."""
+    from dispatch.parallel.placement import as_placement
+
+    rng = random.Random(5)
+    load = [rng.random() * 10 for _ in range(16)]
+    for R, S in ((2, 9), (4, 5), (8, 3)):
+        p = bal.greedy_placement(load, R, S)
+        for e in range(16):
+            reps = p.replicas(e)
+            assert all(sh == pytest.approx(1 / len(reps)) for _, sh in reps)
+        assert as_placement(p).rank_loads(load) == pytest.approx(p.rank_loads(load))

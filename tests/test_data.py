@@ -70,3 +70,18 @@ def test_windows_and_batches():
     assert torch.equal(b1[:, 1:] - b1[:, :-1], torch.ones(3, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="seq_len"):
         data.windows(ids, 30, 100)
+
+
+def test_committed_tokenizer_rebuilds_identically():
+    """The checkpoint's tokenizer.json is what training on this Python's stdlib produces now."""
+    import json
+
+    from dispatch import train
+
+    ck = train.ASSETS / "cpu"
+    log = json.loads((ck / "train_log.json").read_text())
+    if log["manifest_hash"] != data.manifest()["hash"]:
+        pytest.skip(f"this Python's stdlib differs from the checkpoint's ({log['python']})")
+    committed = json.loads((ck / "tokenizer.json").read_text())["model"]
+    fresh = json.loads(data.train_tokenizer(log["config"]["vocab_size"]).to_str())["model"]
+    assert committed["vocab"] == fresh["vocab"] and committed["merges"] == fresh["merges"]

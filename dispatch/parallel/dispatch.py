@@ -3,8 +3,9 @@
 Rank r holds T_r tokens. Its routed rows n = t·K + k go to the rank that owns expert
 ``ids_TK[t, k]`` (:meth:`Placement.dest_rank_N`), and come back to be summed in k order:
 
-    dispatch:  x_TH ──(sort rows by destination, stable)──▶ all_to_all_single(counts, rows, meta)
-               ──▶ received rows sorted by local expert slot (stable) ──▶ x_MH, weight_M, counts_L
+    dispatch:  x_TH ──(sort rows by destination, stable)──▶ all_to_all_single of the counts per
+               (rank, expert slot) ──(one host sync)──▶ all_to_all_single of the rows, each with its
+               (slot, weight) packed behind it ──▶ sorted by local slot (stable) ──▶ x_MH, weight_M, counts_L
     combine:   out_MH ──(unsort)──▶ all_to_all_single back ──(unsort)──▶ out_NH ──▶ Σ_k in k order
 
 Why the result is bit-identical to one device: rows arrive grouped by source rank (ascending) and,
@@ -128,31 +129,32 @@ def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None):
     if placement.num_ranks != R:
         raise ValueError(f"placement is for {placement.num_ranks} ranks but the group has {R}")
     T, K = ids_TK.shape
+    S = max(len(row) for row in placement.slots_RS)  # local slots of the largest rank
     dest_N = placement.dest_rank_N(ids_TK, rank)
-    _, _, slot_RE = placement.tables(x_TH.device)
-    slot_N = slot_RE[dest_N, ids_TK.reshape(-1).long()]
+    slot_N = placement.tables(x_TH.device)[2][dest_N, ids_TK.reshape(-1).long()]
     order_N = torch.argsort(dest_N, stable=True)
 
-    send_R = _counts(dest_N, R)
-    recv_R = torch.empty_like(send_R)
+    # Counts per (destination, its local slot): one small exchange gives every size needed.
+    send_RS = _counts(dest_N * S + slot_N, R * S)
+    recv_RS = torch.empty_like(send_RS)
     if R == 1:
-        recv_R.copy_(send_R)
+        recv_RS.copy_(send_RS)
     else:
-        dist.all_to_all_single(recv_R, send_R, group=group)
-    both = torch.cat([send_R, recv_R]).tolist()  # the one host sync: sizes of the row exchange
-    send, recv = tuple(both[:R]), tuple(both[R:])
-
-    rows_NH = x_TH[order_N // K]
-    meta_N2 = torch.stack([slot_N[order_N].to(torch.int32),
-                           weights_TK.float().reshape(-1)[order_N].view(torch.int32)], dim=1)
-    recv_rows = _a2a(rows_NH, send, recv, group)
-    recv_meta = _a2a(meta_N2, send, recv, group)
-
+        dist.all_to_all_single(recv_RS, send_RS, group=group)
+    send_R, from_RS = send_RS.view(R, S).sum(1), recv_RS.view(R, S)  # from_RS[source, my slot]
+    sizes = torch.cat([send_R, from_RS.sum(1), from_RS.sum(0)]).tolist()  # the one host sync
     L = len(placement.slots_RS[rank])
+    send, recv, counts_L = tuple(sizes[:R]), tuple(sizes[R:2 * R]), tuple(sizes[2 * R:2 * R + L])
+
+    # One exchange carries each row with its (local slot, weight) packed behind it as raw bits.
+    meta_N2 = torch.stack([slot_N.to(torch.int32), weights_TK.float().reshape(-1).view(torch.int32)], dim=1)
+    packed_NW = torch.cat([x_TH[torch.div(order_N, K, rounding_mode="floor")], meta_N2[order_N].view(x_TH.dtype)], 1)
+    recv_MW = _a2a(packed_NW, send, recv, group)
+    H = x_TH.shape[1]
+    recv_meta = recv_MW[:, H:].contiguous().view(torch.int32)
     slot_M = recv_meta[:, 0].long()
     recv_order_M = torch.argsort(slot_M, stable=True)
-    counts_L = tuple(_counts(slot_M, L).tolist())
-    x_MH = recv_rows[recv_order_M]
+    x_MH = recv_MW[recv_order_M, :H]
     weight_M = recv_meta[:, 1].contiguous().view(torch.float32)[recv_order_M]
     meta = DispatchMeta(T, K, order_N, send, recv, recv_order_M, counts_L)
     return x_MH, weight_M, counts_L, meta

@@ -52,7 +52,7 @@ def _dispatch_rows(x, ids, weights, dest, pos, counts, N_rows, H, rank, N, recvs
         cm = cols[None, :] < H
         vals = tl.load(x + t[:, None] * H + cols[None, :], mask=live[:, None] & cm)
         for d in tl.static_range(R):
-            recv = recvs[d].to(tl.pointer_type(x.dtype.element_ty))
+            recv = tl.multiple_of(recvs[d].to(tl.pointer_type(x.dtype.element_ty)), 16)  # 16 B: wide stores
             tl.store(recv + at[:, None] * H + cols[None, :], vals, mask=(d_n[:, None] == d) & cm)
     e_n = tl.load(ids + n, mask=live, other=0).to(tl.int32)
     w_n = tl.load(weights + n, mask=live, other=0.0).to(tl.int32, bitcast=True)
@@ -78,7 +78,7 @@ def _return_rows(src, meta, H, rank, N, rets, flags, R: tl.constexpr, BLOCK_H: t
         cm = cols[None, :] < H
         vals = tl.load(src + j[:, None].to(tl.int64) * H + cols[None, :], mask=ok[:, None] & cm)
         for d in tl.static_range(R):
-            ret = rets[d].to(tl.pointer_type(src.dtype.element_ty))
+            ret = tl.multiple_of(rets[d].to(tl.pointer_type(src.dtype.element_ty)), 16)
             tl.store(ret + (rank * N + p_j[:, None]) * H + cols[None, :], vals, mask=ok[:, None] & (s_j[:, None] == d) & cm)
     _signal(flags, R + rank, R)
 
@@ -157,6 +157,7 @@ class P2PTransport:
         self.programs_out, self.programs_back = triton.cdiv(self.N, ROWS), triton.cdiv(R * self.N, ROWS)
         self.block_h = min(1024, triton.next_power_of_2(self.H))
         self.arange_R = torch.arange(R, device=self.recv.device)
+        self._f32 = torch.zeros(1, dtype=torch.float32, device=self.recv.device)  # stands in when T = 0
 
     def wait_in(self) -> None:
         """Hold this rank's stream until every source's rows of this round have arrived."""
@@ -177,7 +178,7 @@ class P2PTransport:
         pos_N = before_NR.gather(1, dest_N[:, None]).squeeze(1) - 1
         counts_R = before_NR[-1] if T else self.arange_R * 0
         _dispatch_rows[(self.programs_out,)](
-            x_TH if T else self.recv, ids_TK if T else self.arange_R, weights_TK.float() if T else self.recv,
+            x_TH if T else self.recv, ids_TK if T else self.arange_R, weights_TK.float() if T else self._f32,
             dest_N if T else self.arange_R, pos_N if T else self.arange_R, counts_R, T * K, self.H, self.rank,
             self.N, self.recv_at, self.meta_at, self.flags_at, R=self.R, K=K, BLOCK_H=self.block_h, ROWS=ROWS)
         if wait:

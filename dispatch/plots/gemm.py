@@ -23,18 +23,18 @@ def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid"):
     used = sum(e >= 0 for e in be)
     n_tiles = -(-n_cols // block_n)
     cmap = plt.get_cmap("tab20")
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1, 1.6]})
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.4, 1.2]})
     for s in range(used * bm):
         e = be[s // bm]
         pad = rows[s] >= N
-        a0.add_patch(Rectangle((0, P - 1 - s), 1, 1, fc="white" if pad else cmap(e % 20), ec="0.7", lw=0.3,
+        a0.add_patch(Rectangle((0, P - 1 - s), 1, 1, fc="white" if pad else cmap(e % 20), lw=0,
                                hatch="///" if pad else None))
-        if not pad:
-            a0.text(0.5, P - 0.5 - s, f"n={rows[s]}", ha="center", va="center", fontsize=6)
     for b in range(used):
         a0.axhline(P - b * bm, color="k", lw=1)
-        a0.text(1.05, P - b * bm - bm / 2, f"block {b}: e{be[b]}", va="center", fontsize=7)
-    a0.set(xlim=(0, 1.8), ylim=(P - used * bm, P), xticks=[], yticks=[],
+        ns = [n for n in rows[b * bm:(b + 1) * bm] if n < N]
+        shown = ", ".join(map(str, ns[:5])) + (", ..." if len(ns) > 5 else "")
+        a0.text(1.05, P - b * bm - bm / 2, f"block {b}: e{be[b]}, rows n = {shown}", va="center", fontsize=7)
+    a0.set(xlim=(0, 3.2), ylim=(P - used * bm, P), xticks=[], yticks=[],
            title=f"sorted slots (block_m={bm}), padding hatched")
     for b in range(used):
         for j in range(n_tiles):

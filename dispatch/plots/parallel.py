@@ -62,7 +62,8 @@ def send_matrix(counts_RR, *, title: str = "rows sent (source → destination)")
 
 STYLE = {"nccl_all_to_all": ("nccl", ":", "NCCL all_to_all_single (one way)"),
          "nccl_dispatch_combine": ("nccl", "-", "NCCL dispatch + combine"),
-         "p2p_dispatch_combine": ("p2p", "-", "peer-to-peer dispatch + combine"),
+         "p2p_dispatch_combine": ("p2p", "--", "peer-to-peer dispatch + combine (eager)"),
+         "p2p_dispatch_combine_graph": ("p2p", "-", "peer-to-peer dispatch + combine (CUDA graph)"),
          "ep_nccl": ("nccl", "-", "expert parallel (NCCL)"),
          "ep_p2p": ("p2p", "-", "expert parallel (peer-to-peer)"),
          "single_gpu": ("torch", "--", "one GPU, whole batch")}
