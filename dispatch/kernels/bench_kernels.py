@@ -4,8 +4,9 @@
 
 For each shape and token count the routing is computed once and given to every contestant; the
 timed call is the experts part (plus the shared expert in torch, for every contestant alike, where
-the layer has one). ``ours_layer`` times our whole layer (router + routing kernel + sort + experts)
-as a separate column. Ours is checked against the reference before it is timed. Rows are saved
+the layer has one). ``ours_grouped`` is ``moe_experts``, ``ours_decode`` chapter 3's kernels
+(T ≤ 64), ``ours_persistent`` the persistent schedule (T ≥ 256). ``ours_layer`` times our whole
+layer (router + routing kernel + sort + experts, the path ``moe`` picks) as a separate column. Ours is checked against the reference before it is timed. Rows are saved
 with ``dispatch.bench.save("kernels", rows)`` to ``results/<gpu>/kernels.json``.
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ Writes results/<gpu>/expert_parallel.json (rank 0) through ``dispatch.bench.save
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -158,9 +159,18 @@ def save_rows(args, rows, R, dtype):
 
     import sys
 
-    cmd = f"torchrun --nproc_per_node {R} -m dispatch.parallel.bench " + " ".join(sys.argv[1:])
+    argv, skip = [], False  # the command as a user would type it (where the file went is no part of it)
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--out-dir"):
+            skip = a == "--out-dir"
+            continue
+        argv.append(a)
+    cmd = " ".join([f"torchrun --nproc_per_node {R} -m dispatch.parallel.bench"] + argv)
+    extra = {"preset": args.preset, "world_size": R, "dtype": str(dtype).replace("torch.", "")}
+    if os.environ.get("DISPATCH_GIT_COMMIT"):  # a checkout copied without .git (the GPU machines)
+        extra["git_commit"] = os.environ["DISPATCH_GIT_COMMIT"]
     return save("expert_parallel", rows, out_dir=pathlib.Path(args.out_dir) if args.out_dir else None, command=cmd,
-                extra={"preset": args.preset, "world_size": R, "dtype": str(dtype).replace("torch.", "")})
+                extra=extra)
 
 
 def lockstep_us_local(fn, iters, reps, cuda) -> dict:
