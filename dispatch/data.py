@@ -131,7 +131,7 @@ def wikitext2_text(split: str = "test") -> str:
 
 def token_ids(tok, dataset: str = "stdlib", split: str = "val") -> torch.Tensor:
     """Token ids [n] of a split of ``dataset``: "stdlib" (this Python's, see :func:`manifest`) or
-    "wikitext-2" (its "validation" split stands for "val"; the measured split is "test" below).
+    "wikitext-2" (raw; "val" reads its test split, the one perplexities are usually quoted on).
 
     ``tok``: a ``tokenizers.Tokenizer`` or a transformers tokenizer (OLMoE's for WikiText-2).
     """

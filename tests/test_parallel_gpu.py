@@ -41,3 +41,13 @@ def test_two_gpus_bit_identical(transport):
 def test_failing_rank_over_nccl_ends_job():
     with pytest.raises(dispatch.parallel.RankError, match="boom on gpu rank 1"):
         launch(W.fail_on_rank, 2, 1, "boom on gpu rank 1", backend="nccl", timeout_s=30)
+
+
+@needs_two
+def test_two_gpus_with_the_grouped_gemm():
+    """Expert compute = the kernels chapter's grouped GEMM (pinned tiles), replicas included."""
+    cases = [W.Case("grouped", CFG, (37, 21), dtype="bfloat16", expert_fn="grouped"),
+             W.Case("grouped, replicated", CFG, (30, 17), placement=REPLICATED, dtype="bfloat16", expert_fn="grouped")]
+    rows = [r for per_rank in launch(W.check_cases, 2, cases, "cuda", "p2p", backend="nccl", timeout_s=120)
+            for r in per_rank]
+    assert len(rows) == 4 and all(r["equal"] for r in rows), rows

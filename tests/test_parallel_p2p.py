@@ -37,3 +37,13 @@ def test_p2p_rejects_too_many_tokens():
     x = torch.zeros(3, K4.hidden_size)
     with pytest.raises(ValueError, match="max_tokens=2"):
         t.send(x, torch.ones(3, 4), torch.zeros(3, 4, dtype=torch.long))
+
+
+def test_p2p_programs_loop_over_many_blocks(monkeypatch):
+    """Few programs, many rows: each program walks several blocks before it signals once."""
+    from dispatch.parallel import p2p
+
+    monkeypatch.setattr(p2p, "MAX_PROGRAMS", 2)
+    ys, want, sl, ts = W.p2p_simulated(W.Case("p2p", K4, (9, 6), seed=7), Placement.contiguous(8, 2))
+    assert ts[0].programs_out == 2 and ts[0].programs_back == 2
+    assert all(W.bitwise_equal(y, want[s]) for y, s in zip(ys, sl))

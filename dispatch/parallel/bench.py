@@ -87,6 +87,7 @@ def run(args, rank, R):
             + "".join(f" {k}={v}" for k, v in extra.items()), flush=True)
 
     fn = experts_loop if cuda else experts_rowwise
+    coll = dist.get_backend()  # "nccl" on GPUs, "gloo" on CPU ranks: names the collective contestants
     layer = ExpertParallelMoE(cfg, w, placement, expert_fn=fn)
     for T in tokens:
         iters = 20 if T <= 256 else 5
@@ -97,14 +98,14 @@ def run(args, rank, R):
         flat = x_TH.new_empty(T * K, H).normal_()
         even = (T * K // R,) * R if T * K % R == 0 else None
         if even:
-            record("exchange", "nccl_all_to_all", T, lockstep_us(lambda: _a2a(flat, even, even, None), iters,
+            record("exchange", f"{coll}_all_to_all", T, lockstep_us(lambda: _a2a(flat, even, even, None), iters,
                                                                   args.reps, cuda), T * K * H * esize)
 
         def nccl_round():
             x_MH, _, _, meta = dispatch(x_TH, weights_TK, ids_TK, placement)
             return combine(x_MH, meta)
 
-        record("exchange", "nccl_dispatch_combine", T, lockstep_us(nccl_round, iters, args.reps, cuda),
+        record("exchange", f"{coll}_dispatch_combine", T, lockstep_us(nccl_round, iters, args.reps, cuda),
                2 * T * K * H * esize)
         p2p = None
         if cuda:
@@ -126,7 +127,7 @@ def run(args, rank, R):
 
         # The whole layer: expert parallel (NCCL, p2p) vs the global batch on one GPU, bit for bit.
         want = moe_single(x_all, cfg, w, fn)[rank * T:(rank + 1) * T]
-        for name, transport in [("ep_nccl", "collective"), ("ep_p2p", p2p)]:
+        for name, transport in [(f"ep_{coll}", "collective"), ("ep_p2p", p2p)]:
             if transport is None:
                 continue
             layer.transport = transport

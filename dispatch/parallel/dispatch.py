@@ -34,19 +34,19 @@ if runtime.HAS_CUDA:
         t = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         m = cols < H
-        acc = tl.load(src + tl.load(index + t * K).to(tl.int64) * H + cols, mask=m).to(tl.float32)
-        for k in tl.static_range(1, K):
+        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)  # from 0, as kernels/combine.py (so -0.0 → +0.0 alike)
+        for k in tl.static_range(0, K):
             acc += tl.load(src + tl.load(index + t * K + k).to(tl.int64) * H + cols, mask=m).to(tl.float32)
         tl.store(y + t * H + cols, acc.to(y.dtype.element_ty), mask=m)
 
 
 def combine_topk(out_NH: torch.Tensor, top_k: int) -> torch.Tensor:
-    """y_TH[t] = Σ_k out_NH[t·K + k], added in fp32 in k = 0, 1, ... order, cast once."""
+    """y_TH[t] = 0 + Σ_k out_NH[t·K + k], added in fp32 in k = 0, 1, ... order, cast once."""
     if out_NH.dim() != 2 or out_NH.shape[0] % top_k:
         raise ValueError(f"out_NH must be [T*K, H] with K={top_k}, got {tuple(out_NH.shape)}")
     out_TKH = out_NH.view(-1, top_k, out_NH.shape[1])
-    acc_TH = out_TKH[:, 0].float()
-    for k in range(1, top_k):
+    acc_TH = out_TKH.new_zeros(out_TKH.shape[0], out_TKH.shape[2], dtype=torch.float32)
+    for k in range(top_k):  # the same additions as dispatch.kernels.combine
         acc_TH = acc_TH + out_TKH[:, k].float()
     return acc_TH.to(out_NH.dtype)
 

@@ -99,6 +99,21 @@ def experts_rowwise(x_MH, weight_M, counts_L, gate_up_L2IH, down_LHI) -> torch.T
     return _per_expert(x_MH, weight_M, counts_L, gate_up_L2IH, down_LHI, swiglu_rows)
 
 
+def experts_grouped(x_MH, weight_M, counts_L, gate_up_L2IH, down_LHI, config=None) -> torch.Tensor:
+    """The kernels chapter's grouped GEMM (``dispatch.kernels.grouped_gemm.moe_experts``) on the
+    received rows, each row a "token" with K = 1 routed to its local slot. The tile config is
+    pinned (interpreter: its config; CUDA: ``GemmConfig()``), so a row's bits never depend on M."""
+    from dispatch.kernels import gemm_config as gc
+    from dispatch.kernels.grouped_gemm import moe_experts
+
+    config = config or (gc.INTERPRET_CONFIG if runtime.INTERPRET else gc.GemmConfig())
+    if len(counts_L) != gate_up_L2IH.shape[0] or sum(counts_L) != x_MH.shape[0]:
+        raise ValueError(f"counts_L {tuple(counts_L)} must have one entry per local expert and sum to M")
+    slot_M = torch.repeat_interleave(torch.arange(len(counts_L), device=x_MH.device),
+                                     torch.tensor(counts_L, device=x_MH.device))
+    return moe_experts(x_MH, weight_M[:, None].float(), slot_M[:, None], gate_up_L2IH, down_LHI, config=config)
+
+
 def default_expert_fn(device: torch.device | str) -> ExpertFn:
     """CPU: ``experts_rowwise``; CUDA: ``experts_loop`` (cuBLAS; use rowwise with replicas)."""
     return experts_loop if torch.device(device).type == "cuda" else experts_rowwise

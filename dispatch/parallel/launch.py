@@ -161,6 +161,9 @@ def init_from_env(backend: str = "auto", timeout_s: float = 120.0) -> tuple[int,
     with a timeout; NCCL on CUDA (rank on cuda:LOCAL_RANK), else gloo. Returns (rank, world_size)."""
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" not in os.environ:  # plain `python -m ...`: a world of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))

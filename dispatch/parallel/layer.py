@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dispatch.config import MoEConfig, MoEWeights
-from dispatch.parallel.dispatch import combine, dispatch, gather_combine, inverse
+from dispatch.parallel.dispatch import check_routing, combine, dispatch, gather_combine, inverse
 from dispatch.parallel.experts import ExpertFn, default_expert_fn, linear_rows, swiglu_rows
 from dispatch.parallel.placement import Placement, as_placement
 from dispatch.reference import check_input, route_reference
@@ -94,6 +94,7 @@ class ExpertParallelMoE:
 
     def experts(self, x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
         """Routed experts only: dispatch → local experts → combine. [T, H] → [T, H]."""
+        check_routing(x_TH, weights_TK, ids_TK, self.cfg.num_experts)
         if self.transport == "collective":
             x_MH, weight_M, counts_L, meta = dispatch(x_TH, weights_TK, ids_TK, self.placement, self.group)
             return combine(self.expert_fn(x_MH, weight_M, counts_L, self.gate_up_L2IH, self.down_LHI), meta, self.group)

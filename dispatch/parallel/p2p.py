@@ -27,7 +27,8 @@ from dispatch.parallel.dispatch import gather_combine
 from dispatch.parallel.placement import Placement
 
 MAX_RANKS = 8
-ROWS = 4  # rows per program
+ROWS = 4  # rows per block
+MAX_PROGRAMS = 264  # 2 per SM of an H200: enough to fill NVLink, few system-scope signals
 
 
 @triton.jit
@@ -41,26 +42,30 @@ def _signal(flags, slot, R: tl.constexpr):
 def _dispatch_rows(x, ids, weights, dest, pos, counts, N_rows, H, rank, N, recvs, metas, flags,
                    R: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
     # Routed row n (< N_rows) → rank dest[n], row rank·N + pos[n]; peers' buffers are int addresses.
+    # A fixed number of programs loops over blocks of ROWS rows: fewer system-scope signals.
     pid = tl.program_id(0)
-    n = pid * ROWS + tl.arange(0, ROWS)
-    live = n < N_rows
-    d_n = tl.load(dest + n, mask=live, other=-1)
-    at = rank * N + tl.load(pos + n, mask=live, other=0).to(tl.int64)
-    t = (n // K).to(tl.int64)
-    for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        cm = cols[None, :] < H
-        vals = tl.load(x + t[:, None] * H + cols[None, :], mask=live[:, None] & cm)
+    for blk in range(pid, tl.cdiv(N_rows, ROWS), tl.num_programs(0)):
+        n = blk * ROWS + tl.arange(0, ROWS)
+        live = n < N_rows
+        d_n = tl.load(dest + n, mask=live, other=-1)
+        at = rank * N + tl.load(pos + n, mask=live, other=0).to(tl.int64)
+        t = (n // K).to(tl.int64)
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            cm = cols[None, :] < H
+            vals = tl.load(x + t[:, None] * H + cols[None, :], mask=live[:, None] & cm)
+            for d in tl.static_range(R):
+                recv = tl.multiple_of(recvs[d].to(tl.pointer_type(x.dtype.element_ty)), 16)  # 16 B: wide stores
+                tl.store(recv + at[:, None] * H + cols[None, :], vals, mask=(d_n[:, None] == d) & cm)
+        e_n = tl.load(ids + n, mask=live, other=0).to(tl.int32)
+        w_n = tl.load(weights + n, mask=live, other=0.0).to(tl.int32, bitcast=True)
         for d in tl.static_range(R):
-            recv = tl.multiple_of(recvs[d].to(tl.pointer_type(x.dtype.element_ty)), 16)  # 16 B: wide stores
-            tl.store(recv + at[:, None] * H + cols[None, :], vals, mask=(d_n[:, None] == d) & cm)
-    e_n = tl.load(ids + n, mask=live, other=0).to(tl.int32)
-    w_n = tl.load(weights + n, mask=live, other=0.0).to(tl.int32, bitcast=True)
-    for d in tl.static_range(R):
-        meta = metas[d].to(tl.pointer_type(tl.int32))
-        tl.store(meta + at * 2, e_n, mask=d_n == d)
-        tl.store(meta + at * 2 + 1, w_n, mask=d_n == d)
-        if pid == 0:  # how many rows this rank sends to d, after d's row metadata
+            meta = metas[d].to(tl.pointer_type(tl.int32))
+            tl.store(meta + at * 2, e_n, mask=d_n == d)
+            tl.store(meta + at * 2 + 1, w_n, mask=d_n == d)
+    if pid == 0:  # how many rows this rank sends to each d, after d's row metadata
+        for d in tl.static_range(R):
+            meta = metas[d].to(tl.pointer_type(tl.int32))
             tl.store(meta + 2 * R * N + rank, tl.load(counts + d).to(tl.int32))
     _signal(flags, rank, R)
 
@@ -69,17 +74,19 @@ def _dispatch_rows(x, ids, weights, dest, pos, counts, N_rows, H, rank, N, recvs
 def _return_rows(src, meta, H, rank, N, rets, flags, R: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
     # Received slot j = s·N + p (valid while p < count from s) → rank s's ret row rank·N + p.
     pid = tl.program_id(0)
-    j = pid * ROWS + tl.arange(0, ROWS)
-    s_j = j // N
-    p_j = (j % N).to(tl.int64)
-    ok = (j < R * N) & (p_j < tl.load(meta + 2 * R * N + s_j, mask=j < R * N, other=0))
-    for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        cm = cols[None, :] < H
-        vals = tl.load(src + j[:, None].to(tl.int64) * H + cols[None, :], mask=ok[:, None] & cm)
-        for d in tl.static_range(R):
-            ret = tl.multiple_of(rets[d].to(tl.pointer_type(src.dtype.element_ty)), 16)
-            tl.store(ret + (rank * N + p_j[:, None]) * H + cols[None, :], vals, mask=ok[:, None] & (s_j[:, None] == d) & cm)
+    for blk in range(pid, tl.cdiv(R * N, ROWS), tl.num_programs(0)):
+        j = blk * ROWS + tl.arange(0, ROWS)
+        s_j = j // N
+        p_j = (j % N).to(tl.int64)
+        ok = (j < R * N) & (p_j < tl.load(meta + 2 * R * N + s_j, mask=j < R * N, other=0))
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            cm = cols[None, :] < H
+            vals = tl.load(src + j[:, None].to(tl.int64) * H + cols[None, :], mask=ok[:, None] & cm)
+            for d in tl.static_range(R):
+                ret = tl.multiple_of(rets[d].to(tl.pointer_type(src.dtype.element_ty)), 16)
+                tl.store(ret + (rank * N + p_j[:, None]) * H + cols[None, :], vals,
+                         mask=ok[:, None] & (s_j[:, None] == d) & cm)
     _signal(flags, R + rank, R)
 
 
@@ -154,7 +161,8 @@ class P2PTransport:
             tuple(t.data_ptr() for t in peers[k]) for k in ("recv", "ret", "meta", "flags"))
         self.slot_E = placement.tables(self.recv.device)[2][rank]  # local slot of each expert here
         self.L = len(placement.slots_RS[rank])
-        self.programs_out, self.programs_back = triton.cdiv(self.N, ROWS), triton.cdiv(R * self.N, ROWS)
+        self.programs_out = min(triton.cdiv(self.N, ROWS), MAX_PROGRAMS)
+        self.programs_back = min(triton.cdiv(R * self.N, ROWS), MAX_PROGRAMS)
         self.block_h = min(1024, triton.next_power_of_2(self.H))
         self.arange_R = torch.arange(R, device=self.recv.device)
         self._f32 = torch.zeros(1, dtype=torch.float32, device=self.recv.device)  # stands in when T = 0

@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 
 from dispatch.config import MoEConfig, random_weights
-from dispatch.parallel.experts import experts_loop, experts_rowwise
+from dispatch.parallel.experts import experts_grouped, experts_loop, experts_rowwise
 from dispatch.parallel.layer import ExpertParallelMoE, experts_single, moe_single
 from dispatch.parallel.placement import Placement
 
-EXPERT_FNS = {"rowwise": experts_rowwise, "loop": experts_loop}
+EXPERT_FNS = {"rowwise": experts_rowwise, "loop": experts_loop, "grouped": experts_grouped}
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,19 @@ def fail_on_rank(bad_rank: int, message: str) -> str:
         raise RuntimeError(message)
     dist.all_reduce(torch.ones(1, device="cuda" if dist.get_backend() == "nccl" else "cpu"))
     return "unreachable"
+
+
+def bad_routing(cfg: MoEConfig) -> list[str]:
+    """The layer's ValueErrors for an expert id out of range and for mismatched routing shapes."""
+    layer = ExpertParallelMoE(cfg, random_weights(cfg, seed=0))
+    x, msgs = torch.zeros(3, cfg.hidden_size), []
+    for w_TK, ids_TK in [(torch.ones(3, cfg.top_k), torch.full((3, cfg.top_k), cfg.num_experts)),
+                         (torch.ones(3, cfg.top_k + 1), torch.zeros(3, cfg.top_k, dtype=torch.long))]:
+        try:
+            layer.experts(x, w_TK, ids_TK)
+        except ValueError as exc:
+            msgs.append(str(exc))
+    return msgs
 
 
 def mismatched_config(cfg: MoEConfig) -> None:

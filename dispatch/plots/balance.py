@@ -74,6 +74,8 @@ def training_curves(runs: dict[str, dict]):
     b.set_xlabel("step")
     b.set_ylabel("validation perplexity")
     b.set_yscale("log")
+    b.yaxis.set_major_formatter(ScalarFormatter())
+    b.yaxis.set_minor_formatter(NullFormatter())
     b.set_title("Validation perplexity")
     a.legend()
     fig.tight_layout()
