@@ -68,7 +68,8 @@ class TrainConfig:
 PRESETS = {
     "cpu": TrainConfig(),  # ~2.4M parameters, ~4 min on 2 cores
     "study": TrainConfig(steps=300, eval_every=50, final_eval_tokens=32768, z_coef=0.0, bias_rate=5e-3),
-    "gpu": TrainConfig(vocab_size=8192, hidden_size=512, intermediate_size=256, num_layers=8, num_heads=8,
+    # ~55M parameters (E=64, K=8 as OLMoE): ~110 MB in bf16, so commit its train_log.json, not its weights
+    "gpu": TrainConfig(vocab_size=8192, hidden_size=256, intermediate_size=128, num_layers=8, num_heads=8,
                        num_experts=64, top_k=8, seq_len=512, batch_size=32, steps=2000, lr=1e-3,
                        warmup=200, threads=8, eval_every=250, save_dtype="bfloat16"),
     "micro": TrainConfig(vocab_size=300, hidden_size=32, intermediate_size=16, num_layers=1, num_heads=2,
