@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.dispatch-installed
 TORCH_SPEC ?= torch==2.13.0
 PIP_EXTRA  ?=
 ARGS ?=
+# Figures come from matplotlib's inline backend in the kernels; a backend forced from outside
+# (MPLBACKEND=Agg) would drop them and fail nbval.
+unexport MPLBACKEND
 
 .PHONY: book test test-gpu bench clean env
 

@@ -6,16 +6,18 @@ Shape legend: T tokens · E experts · K experts per token · L layers · R rank
 - Capacity at inference: :func:`capacity_keep_mask` — the rule a capacity-limited layer applies.
 - Balancing in training: :func:`aux_loss` (Switch), :func:`z_loss` (ST-MoE), :func:`update_bias`
   (DeepSeek-V3's auxiliary-loss-free bias).
-- Placement: :class:`Placement`, the map from ranks to expert replicas that the expert-parallel
-  layer (``dispatch/parallel``) accepts; :func:`contiguous_placement`, :func:`greedy_placement`.
+- Placement: :func:`greedy_placement` (EPLB-style) plans a
+  :class:`~dispatch.parallel.placement.Placement`, the map from ranks to expert replicas that the
+  expert-parallel layer of chapter 4 runs; ``Placement.contiguous`` is the load-blind baseline.
 - Specialisation: :func:`top_tokens` — which tokens each expert takes.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
+
+from dispatch.parallel.placement import Placement
 
 
 # The 'switchyard' project's published claim (shared/anchors.md): OLMoE-1B-7B on WikiText-2,
@@ -109,74 +111,6 @@ def update_bias(bias_E: torch.Tensor, counts_E: torch.Tensor, rate: float) -> to
 
 
 # ---------------------------------------------------------------- placement
-@dataclass(frozen=True)
-class Placement:
-    """Which experts each rank holds, and what share of an expert's tokens each replica serves.
-
-    ``slots_RS[r]`` lists the experts held by rank r (an expert held by several ranks is
-    replicated); ``share_RS[r][s]`` is the fraction of expert ``slots_RS[r][s]``'s tokens that
-    replica serves (an expert's shares sum to 1). Ranks may hold different numbers of slots.
-    """
-    num_experts: int
-    num_ranks: int
-    slots_RS: tuple[tuple[int, ...], ...]
-    share_RS: tuple[tuple[float, ...], ...]
-
-    def __post_init__(self):
-        if len(self.slots_RS) != self.num_ranks or len(self.share_RS) != self.num_ranks:
-            raise ValueError(f"slots_RS and share_RS need one row per rank ({self.num_ranks})")
-        total_E = [0.0] * self.num_experts
-        for r, (slots, shares) in enumerate(zip(self.slots_RS, self.share_RS)):
-            if len(slots) != len(shares):
-                raise ValueError(f"rank {r}: {len(slots)} slots but {len(shares)} shares")
-            if len(set(slots)) != len(slots):
-                raise ValueError(f"rank {r} holds an expert twice: {slots}")
-            for e, s in zip(slots, shares):
-                if not 0 <= e < self.num_experts:
-                    raise ValueError(f"rank {r} holds expert {e}, outside [0, {self.num_experts})")
-                if not 0 < s <= 1:
-                    raise ValueError(f"rank {r}: share {s} of expert {e} must be in (0, 1]")
-                total_E[e] += s
-        bad = [e for e, t in enumerate(total_E) if abs(t - 1) > 1e-9]
-        if bad:
-            raise ValueError(f"experts {bad} are unplaced or their replica shares do not sum to 1")
-
-    @property
-    def slots_per_rank(self) -> int:
-        return max(len(s) for s in self.slots_RS)
-
-    def replicas(self, expert: int) -> list[tuple[int, float]]:
-        """(rank, share) of every replica of ``expert``."""
-        return [(r, sh) for r, (sl, shs) in enumerate(zip(self.slots_RS, self.share_RS))
-                for e, sh in zip(sl, shs) if e == expert]
-
-    def replica_loads(self, load_E) -> list[list[float]]:
-        """Load of each slot [R][S]: the expert's load times the replica's share."""
-        load = [float(x) for x in load_E]
-        return [[load[e] * sh for e, sh in zip(sl, shs)] for sl, shs in zip(self.slots_RS, self.share_RS)]
-
-    def rank_loads(self, load_E) -> list[float]:
-        """Tokens each rank computes, given the tokens routed to each expert."""
-        if len(load_E) != self.num_experts:
-            raise ValueError(f"load_E must have {self.num_experts} entries, got {len(load_E)}")
-        return [sum(row) for row in self.replica_loads(load_E)]
-
-    def max_over_mean(self, load_E) -> float:
-        """Busiest rank / mean rank: the slowdown of a step that waits for the busiest rank."""
-        loads = self.rank_loads(load_E)
-        mean = sum(loads) / len(loads)
-        return max(loads) / mean if mean else 1.0
-
-
-def contiguous_placement(num_experts: int, num_ranks: int) -> Placement:
-    """Rank r holds experts [r·E/R, (r+1)·E/R): the usual split, blind to load."""
-    if num_ranks < 1 or num_experts % num_ranks:
-        raise ValueError(f"num_experts={num_experts} must split evenly over num_ranks={num_ranks}")
-    per = num_experts // num_ranks
-    slots = tuple(tuple(range(r * per, (r + 1) * per)) for r in range(num_ranks))
-    return Placement(num_experts, num_ranks, slots, tuple((1.0,) * per for _ in range(num_ranks)))
-
-
 def greedy_placement(load_E, num_ranks: int, slots_per_rank: int) -> Placement:
     """EPLB-style: replicate the hottest experts into the spare slots, then pack greedily.
 
@@ -186,9 +120,8 @@ def greedy_placement(load_E, num_ranks: int, slots_per_rank: int) -> Placement:
        that still have a free slot (ties: lowest rank). Should fewer such ranks remain than the
        expert has replicas, it gets fewer replicas (never fewer than one: free slots always
        outnumber the replicas still to place).
-    Replicas split their expert's tokens equally (share 1 / replicas), the rule
-    ``dispatch.parallel`` serves them by. With ``slots_per_rank = E / R`` there are no replicas:
-    a load-aware partition of the experts.
+    Replicas split their expert's tokens equally, the rule ``dispatch.parallel`` serves them by.
+    With ``slots_per_rank = E / R`` there are no replicas: a load-aware partition of the experts.
     """
     load = [float(x) for x in load_E]
     E, R, S = len(load), num_ranks, slots_per_rank
@@ -203,16 +136,14 @@ def greedy_placement(load_E, num_ranks: int, slots_per_rank: int) -> Placement:
             break
         n_E[max(cand, key=lambda e: (load[e] / n_E[e], -e))] += 1
     slots = [[] for _ in range(R)]
-    shares = [[] for _ in range(R)]
     rank_load = [0.0] * R
     for e in sorted(range(E), key=lambda e: (-load[e] / n_E[e], e)):
         free = sorted((r for r in range(R) if len(slots[r]) < S), key=lambda r: (rank_load[r], r))
         chosen = free[: n_E[e]]
         for r in chosen:
             slots[r].append(e)
-            shares[r].append(1.0 / len(chosen))
             rank_load[r] += load[e] / len(chosen)
-    return Placement(E, R, tuple(map(tuple, slots)), tuple(map(tuple, shares)))
+    return Placement(E, R, tuple(map(tuple, slots)))
 
 
 # ---------------------------------------------------------------- specialisation

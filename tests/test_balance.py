@@ -7,6 +7,7 @@ import torch
 
 import dispatch  # noqa: F401  (sets up the runtime first)
 from dispatch import balance as bal
+from dispatch.parallel import Placement
 
 
 # ------------------------------------------------------------ capacity
@@ -110,32 +111,53 @@ def test_update_bias_rule():
 
 
 # ------------------------------------------------------------ placement
-def check_invariants(p: bal.Placement, load, slots_per_rank):
+def check_invariants(p: Placement, load, slots_per_rank):
     assert p.slots_per_rank <= slots_per_rank
     placed = sorted({e for row in p.slots_RS for e in row})
     assert placed == list(range(p.num_experts))  # every expert placed
-    for e in range(p.num_experts):
-        reps = p.replicas(e)
-        assert len({r for r, _ in reps}) == len(reps)  # at most one replica per rank
-        assert sum(load[e] * sh for _, sh in reps) == pytest.approx(load[e])  # replica loads sum
+    per_slot = p.replica_loads(load)
+    for e in range(p.num_experts):  # an expert's replicas share its load equally, and sum to it
+        mine = [per_slot[r][row.index(e)] for r, row in enumerate(p.slots_RS) if e in row]
+        assert len(mine) == len(p.replicas(e))
+        assert all(x == pytest.approx(load[e] / len(mine)) for x in mine)
     assert sum(p.rank_loads(load)) == pytest.approx(sum(load))
 
 
-def test_contiguous_placement():
-    p = bal.contiguous_placement(8, 4)
+def test_contiguous_placement_loads():
+    p = Placement.contiguous(8, 4)
     assert p.slots_RS == ((0, 1), (2, 3), (4, 5), (6, 7))
     assert p.rank_loads([1, 2, 3, 4, 5, 6, 7, 8]) == [3, 7, 11, 15]
-    with pytest.raises(ValueError, match="split evenly"):
-        bal.contiguous_placement(8, 3)
+    assert p.max_over_mean([1, 2, 3, 4, 5, 6, 7, 8]) == 15 / 9
+    assert p.max_over_mean([0] * 8) == 1.0  # no tokens: nothing is imbalanced
+    with pytest.raises(ValueError, match="8 entries"):
+        p.rank_loads([1, 2, 3])
+
+
+def test_replica_loads_hand_case():
+    p = Placement(4, 2, ((0, 1, 2), (3, 0)))  # expert 0 on both ranks
+    assert p.slots_per_rank == 3
+    assert p.replicas(0) == (0, 1) and p.replicas(3) == (1,)
+    assert p.replica_loads([6, 1, 2, 3]) == [[3.0, 1.0, 2.0], [3.0, 3.0]]
+    assert p.rank_loads([6, 1, 2, 3]) == [6.0, 6.0]
 
 
 def test_greedy_placement_hand_case():
     load = [8, 1, 1, 1, 1, 1, 1, 2]
-    assert bal.contiguous_placement(8, 2).rank_loads(load) == [11, 5]
+    assert Placement.contiguous(8, 2).rank_loads(load) == [11, 5]
     p = bal.greedy_placement(load, 2, 5)  # 2 spare slots → expert 0 and expert 7 get a second replica
     check_invariants(p, load, 5)
+    # Packing order by load per replica (ties: lower id): 0 (4 each) → both ranks, then 1..6 (1 each)
+    # alternate onto the lighter rank (ties: rank 0), then 7 (1 each) → both ranks.
+    assert p.slots_RS == ((0, 1, 3, 5, 7), (0, 2, 4, 6, 7))
     assert p.rank_loads(load) == [8.0, 8.0]
-    assert [r for r, _ in p.replicas(0)] == [0, 1] and p.max_over_mean(load) == 1.0
+    assert p.replicas(0) == (0, 1) and p.max_over_mean(load) == 1.0
+
+
+def test_greedy_without_spare_slots_partitions():
+    load = [5, 1, 4, 2]
+    p = bal.greedy_placement(load, 2, 2)  # 5 → r0, 4 → r1, 2 → r1, 1 → r0
+    assert p.slots_RS == ((0, 1), (2, 3)) and p.rank_loads(load) == [6.0, 6.0]
+    assert all(len(p.replicas(e)) == 1 for e in range(4))
 
 
 @pytest.mark.parametrize("R", [2, 4, 8])
@@ -147,17 +169,18 @@ def test_greedy_placement_invariants_random(R):
         for S in (E // R, E // R + 1, E // R + 3):
             p = bal.greedy_placement(load, R, S)
             check_invariants(p, load, S)
+            assert isinstance(p, Placement)  # the very type the expert-parallel layer runs
 
 
 def test_placement_rejects_bad_maps():
-    with pytest.raises(ValueError, match="unplaced"):
-        bal.Placement(3, 2, ((0,), (1,)), ((1.0,), (1.0,)))
-    with pytest.raises(ValueError, match="sum to 1"):
-        bal.Placement(2, 2, ((0, 1), (1,)), ((1.0, 0.5), (0.6,)))
+    with pytest.raises(ValueError, match="nobody holds"):
+        Placement(3, 2, ((0,), (1,)))
     with pytest.raises(ValueError, match="twice"):
-        bal.Placement(2, 1, ((0, 0, 1),), ((0.5, 0.5, 1.0),))
+        Placement(2, 1, ((0, 0, 1),))
     with pytest.raises(ValueError, match="cannot hold"):
         bal.greedy_placement([1, 1, 1], 1, 2)
+    with pytest.raises(ValueError, match="non-negative"):
+        bal.greedy_placement([1, -1], 2, 1)
 
 
 # ------------------------------------------------------------ specialisation
@@ -168,17 +191,3 @@ def test_top_tokens_hand_case():
     assert out[0] == [(5, 1.0, 2), (7, 1 / 3, 3)]  # token 9 seen once: below min_count
     assert out[1] == [(7, 1.0, 3), (5, 0.5, 2)]
     assert out[2] == [(7, 2 / 3, 3), (5, 0.5, 2)]
-
-
-def test_greedy_shares_are_equal_and_parallel_layer_agrees():
-    """Replicas split tokens equally: the rule dispatch.parallel serves a placement by."""
-    from dispatch.parallel.placement import as_placement
-
-    rng = random.Random(5)
-    load = [rng.random() * 10 for _ in range(16)]
-    for R, S in ((2, 9), (4, 5), (8, 3)):
-        p = bal.greedy_placement(load, R, S)
-        for e in range(16):
-            reps = p.replicas(e)
-            assert all(sh == pytest.approx(1 / len(reps)) for _, sh in reps)
-        assert as_placement(p).rank_loads(load) == pytest.approx(p.rank_loads(load))

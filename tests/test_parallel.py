@@ -152,12 +152,15 @@ def test_launch_rejects_bad_arguments():
 
 
 def test_load_balance_placements_plug_in():
+    """Chapter 5's planner returns the very Placement the layer runs; nothing else is accepted."""
     from dispatch import balance
-    from dispatch.parallel.placement import as_placement
+    from dispatch.parallel import dispatch as ep_dispatch
 
     greedy = balance.greedy_placement([9, 1, 1, 1, 1, 1, 1, 1], 2, 5)  # expert 0 replicated
-    p = as_placement(greedy)
-    assert p.slots_RS == greedy.slots_RS and len(p.replicas(0)) == 2
-    assert as_placement(balance.contiguous_placement(8, 2)) == Placement.contiguous(8, 2)
-    with pytest.raises(ValueError, match="slots_RS"):
-        as_placement(object())
+    assert isinstance(greedy, Placement) and greedy.replicas(0) == (0, 1)
+    assert greedy.rank_loads([9, 1, 1, 1, 1, 1, 1, 1]) == [8.0, 8.0]
+    # The layer's replica rule serves it: expert 0's rows alternate between ranks 0 and 1.
+    assert greedy.dest_rank_N(torch.zeros(4, 1, dtype=torch.long), 0).tolist() == [0, 1, 0, 1]
+    x, w, ids = torch.zeros(1, 4), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="must be a dispatch.parallel.Placement"):
+        ep_dispatch(x, w, ids, greedy.slots_RS)

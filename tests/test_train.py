@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import dispatch  # noqa: F401
 from dispatch import balance as bal
-from dispatch import train
+from dispatch import routertap, train
 
 MICRO = train.PRESETS["micro"]
 
@@ -40,9 +40,9 @@ def block_reference(block, x_TH, keep_TK=None, ids_TK=None, weights_TK=None):
 
 @pytest.mark.parametrize("cf", [None, 2.0, 1.0, 0.5])
 def test_capacity_hook_matches_reference(model, cf):
-    block = train.moe_blocks(model)[0]
+    block = routertap.moe_blocks(model)[0]
     x = torch.randn(24, MICRO.hidden_size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), train.RouterTap(model, capacity_factor=cf) as tap:
+    with torch.no_grad(), routertap.RouterTap(model, capacity_factor=cf) as tap:
         y = block(x[None])[0]
     ids = tap.ids_L[0]
     keep = bal.capacity_keep_mask(ids, MICRO.num_experts, cf)
@@ -58,11 +58,11 @@ def test_capacity_hook_matches_reference(model, cf):
 
 
 def test_bias_hook_chooses_with_bias_weights_without(model):
-    block = train.moe_blocks(model)[0]
+    block = routertap.moe_blocks(model)[0]
     x = torch.randn(10, MICRO.hidden_size, generator=torch.Generator().manual_seed(1))
     bias = torch.zeros(1, MICRO.num_experts)
     bias[0, 3] = 10.0  # expert 3 wins every token's first choice
-    with torch.no_grad(), train.RouterTap(model, bias_LE=bias) as tap:
+    with torch.no_grad(), routertap.RouterTap(model, bias_LE=bias) as tap:
         y = block(x[None])[0]
     ids = tap.ids_L[0]
     assert (ids[:, 0] == 3).all()
@@ -71,19 +71,19 @@ def test_bias_hook_chooses_with_bias_weights_without(model):
         ref = block_reference(block, x, ids_TK=ids, weights_TK=probs.gather(1, ids))
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="bias_LE"):
-        train.RouterTap(model, bias_LE=torch.zeros(2, 2))
+        routertap.RouterTap(model, bias_LE=torch.zeros(2, 2))
 
 
 def test_evaluate_matches_transformers_loss(model):
     win = torch.randint(0, MICRO.vocab_size, (3, MICRO.seq_len + 1), generator=torch.Generator().manual_seed(2))
-    out = train.evaluate(model, win, batch_size=2, keep_routes=True)
+    out = routertap.evaluate(model, win, batch_size=2, keep_routes=True)
     with torch.no_grad():
         hf = model(input_ids=win, labels=win).loss.item()  # transformers shifts labels itself
     assert out["ppl"] == pytest.approx(math.exp(hf), rel=1e-4)
     assert out["dropped"] == 0.0 and out["tokens"] == 3 * MICRO.seq_len
     assert out["ids_LTK"].shape == (1, 3 * MICRO.seq_len, MICRO.top_k)
     assert out["counts_LE"].sum().item() == 3 * MICRO.seq_len * MICRO.top_k
-    dropped = train.evaluate(model, win, batch_size=2, capacity_factor=0.5)
+    dropped = routertap.evaluate(model, win, batch_size=2, capacity_factor=0.5)
     assert dropped["dropped"] >= 0.5 - 1e-9  # capacity 0.5 × mean load keeps at most half
 
 

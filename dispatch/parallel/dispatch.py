@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from dispatch import runtime
-from dispatch.parallel.placement import Placement, as_placement
+from dispatch.parallel.placement import Placement
 
 if runtime.HAS_CUDA:
     import triton
@@ -124,12 +124,13 @@ def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None):
         compute, grouped by local slot (expert ``placement.slots_RS[rank][l]`` gets the
         ``counts_L[l]`` rows of group l); ``meta`` for :func:`combine`.
     """
+    if not isinstance(placement, Placement):
+        raise ValueError(f"placement must be a dispatch.parallel.Placement, got {type(placement).__name__}")
     rank, R = dist.get_rank(group), dist.get_world_size(group)
-    placement = as_placement(placement)
     if placement.num_ranks != R:
         raise ValueError(f"placement is for {placement.num_ranks} ranks but the group has {R}")
     T, K = ids_TK.shape
-    S = max(len(row) for row in placement.slots_RS)  # local slots of the largest rank
+    S = placement.slots_per_rank  # local slots of the largest rank
     dest_N = placement.dest_rank_N(ids_TK, rank)
     slot_N = placement.tables(x_TH.device)[2][dest_N, ids_TK.reshape(-1).long()]
     order_N = torch.argsort(dest_N, stable=True)

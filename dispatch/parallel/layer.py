@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.parallel.dispatch import check_routing, combine, dispatch, gather_combine, inverse
 from dispatch.parallel.experts import ExpertFn, default_expert_fn, linear_rows, swiglu_rows
-from dispatch.parallel.placement import Placement, as_placement
+from dispatch.parallel.placement import Placement
 from dispatch.reference import check_input, route_reference
 
 
@@ -73,9 +73,11 @@ class ExpertParallelMoE:
         from dispatch.parallel.launch import check_same_everywhere
 
         w.validate(cfg)
+        if placement is not None and not isinstance(placement, Placement):
+            raise ValueError(f"placement must be a dispatch.parallel.Placement, got {type(placement).__name__}")
         self.cfg, self.group = cfg, group
         self.rank, R = dist.get_rank(group), dist.get_world_size(group)
-        self.placement = as_placement(placement) if placement is not None else Placement.contiguous(cfg.num_experts, R)
+        self.placement = placement if placement is not None else Placement.contiguous(cfg.num_experts, R)
         if self.placement.num_experts != cfg.num_experts or self.placement.num_ranks != R:
             raise ValueError(f"placement is for E={self.placement.num_experts}, R={self.placement.num_ranks}; "
                              f"the layer has E={cfg.num_experts} on R={R} ranks")

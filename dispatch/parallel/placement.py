@@ -1,15 +1,17 @@
-"""Which rank holds which experts: a :class:`Placement` map, contiguous blocks by default.
+"""Which rank holds which experts: the :class:`Placement` map, contiguous blocks by default.
 
 ``slots_RS[r]`` lists the expert ids rank r holds, in its local slot order (slot s of rank r
 holds expert ``slots_RS[r][s]``). An expert may sit on several ranks (replicas); a routed row
 then goes to one replica by a fixed rule, :meth:`Placement.dest_rank_N`, so every run and every
-world size agrees on who computes it.
+world size agrees on who computes it. That rule deals an expert's rows out round-robin, an
+equal split over its replicas, so the load a placement puts on each rank follows from the
+experts' loads alone (:meth:`Placement.rank_loads`): what the load-balance chapter
+(``dispatch.balance.greedy_placement``) plans with.
 
     >>> Placement.contiguous(8, 2).slots_RS
     ((0, 1, 2, 3), (4, 5, 6, 7))
-
-Compatible with the load-balance chapter's placements (``dispatch.balance``): same fields, same
-``rank_loads``.
+    >>> Placement(4, 2, ((0, 1, 2), (0, 3))).rank_loads([4, 1, 1, 2])  # expert 0 on both ranks
+    [4.0, 4.0]
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 class Placement:
     num_experts: int  # E
     num_ranks: int  # R
-    slots_RS: tuple[tuple[int, ...], ...]  # expert id of each local slot of each rank
+    slots_RS: tuple[tuple[int, ...], ...]  # expert id of each local slot of each rank (rows may differ in length)
 
     def __post_init__(self):
         E, R = self.num_experts, self.num_ranks
@@ -45,7 +47,7 @@ class Placement:
 
     @classmethod
     def contiguous(cls, num_experts: int, num_ranks: int) -> "Placement":
-        """Rank r holds a contiguous block of experts; block sizes differ by at most one."""
+        """Rank r holds a contiguous block of experts, blind to load; block sizes differ by at most one."""
         if num_ranks > num_experts:
             raise ValueError(f"contiguous placement needs num_ranks ({num_ranks}) <= num_experts ({num_experts})")
         base, extra = divmod(num_experts, num_ranks)
@@ -56,21 +58,36 @@ class Placement:
             start += n
         return cls(num_experts, num_ranks, tuple(rows))
 
+    @property
+    def slots_per_rank(self) -> int:
+        """Local slots of the fullest rank (S)."""
+        return max(len(row) for row in self.slots_RS)
+
     def replicas(self, expert: int) -> tuple[int, ...]:
-        """Ranks holding ``expert``, ascending."""
+        """Ranks holding ``expert``, ascending; each serves ``1 / len(replicas)`` of its rows."""
         return tuple(r for r, row in enumerate(self.slots_RS) if expert in row)
 
-    def rank_loads(self, load_E) -> list[float]:
-        """Rows each rank computes when expert e receives ``load_E[e]`` rows (split evenly over replicas)."""
+    def replica_loads(self, load_E) -> list[list[float]]:
+        """Rows each slot computes [R][S] when expert e receives ``load_E[e]`` rows, split equally
+        over its replicas."""
         load_E = [float(v) for v in load_E]
         if len(load_E) != self.num_experts:
             raise ValueError(f"load_E must have {self.num_experts} entries, got {len(load_E)}")
-        out = [0.0] * self.num_ranks
-        for e, load in enumerate(load_E):
-            reps = self.replicas(e)
-            for r in reps:
-                out[r] += load / len(reps)
-        return out
+        n_E = [0] * self.num_experts
+        for row in self.slots_RS:
+            for e in row:
+                n_E[e] += 1
+        return [[load_E[e] / n_E[e] for e in row] for row in self.slots_RS]
+
+    def rank_loads(self, load_E) -> list[float]:
+        """Rows each rank computes [R] when expert e receives ``load_E[e]`` rows."""
+        return [sum(row) for row in self.replica_loads(load_E)]
+
+    def max_over_mean(self, load_E) -> float:
+        """Busiest rank / mean rank: the slowdown of a step that waits for the busiest rank."""
+        loads = self.rank_loads(load_E)
+        mean = sum(loads) / len(loads)
+        return max(loads) / mean if mean else 1.0
 
     def tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Lookup tensors: replica_EX (ranks of each expert, -1 padded), num_replicas_E, slot_RE
@@ -110,14 +127,3 @@ class Placement:
 def _tables(placement: Placement, device: str):
     return placement._build_tables(device)
 
-
-def as_placement(p) -> Placement:
-    """This module's Placement from any object with num_experts, num_ranks, slots_RS (e.g. the
-    load-balance chapter's ``dispatch.balance.Placement``; its replica shares are served here by
-    the equal round-robin rule of :meth:`Placement.dest_rank_N`)."""
-    if isinstance(p, Placement):
-        return p
-    try:
-        return Placement(p.num_experts, p.num_ranks, p.slots_RS)
-    except AttributeError as exc:
-        raise ValueError(f"a placement needs num_experts, num_ranks and slots_RS; got {type(p).__name__}") from exc

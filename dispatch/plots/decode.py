@@ -43,8 +43,9 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
     return fig
 
 
-def bandwidth(doc: dict, hbm_bps: float = 4.3e12):
-    """GB/s on the distinct chosen experts' bytes vs tokens, one panel per shape, HBM line on top."""
+def bandwidth(doc: dict, hbm_bps: float = 4.3e12, *, hbm_label: str = "HBM"):
+    """GB/s on the distinct chosen experts' bytes vs tokens, one panel per shape; the HBM ceiling
+    ``hbm_bps`` (bytes/s, labelled ``hbm_label``) and 80% of it drawn on top."""
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.6 * len(shapes), 3.8), squeeze=False, sharey=True)
     for ax, shape in zip(axes[0], shapes):
@@ -59,7 +60,8 @@ def bandwidth(doc: dict, hbm_bps: float = 4.3e12):
                         ls={"ours_graph": "--", "ours_wide": ":"}.get(name, "-"))
         ax.axhline(hbm_bps / 1e9, color=color("ceiling"), lw=1)
         ax.axhline(0.8 * hbm_bps / 1e9, color=color("ceiling"), lw=0.8, ls=":")
-        ax.text(1, hbm_bps / 1e9 * 1.02, "HBM 4.3 TB/s (80% dotted)", fontsize=7, va="bottom")
+        ax.text(1, hbm_bps / 1e9 * 1.02, f"{hbm_label} {hbm_bps / 1e12:.2f} TB/s (80% dotted)", fontsize=7,
+                va="bottom")
         ax.set(xscale="log", xlabel="tokens", title=shape, ylim=(0, 1.12 * hbm_bps / 1e9))
         ax.set_xticks([r["tokens"] for r in rows], [str(r["tokens"]) for r in rows])
     axes[0][0].set_ylabel("GB/s of expert weights read")

@@ -46,8 +46,10 @@ def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid"):
     return fig
 
 
-def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None):
-    """TFLOP/s vs tokens, one panel per shape, one line per contestant, the measured bf16 peak on top."""
+def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
+               peak_label: str = "measured bf16 peak"):
+    """TFLOP/s vs tokens, one panel per shape, one line per contestant, the bf16 ceiling
+    ``peak_flops`` (FLOP/s, labelled ``peak_label``) on top."""
     rows = doc["rows"]
     shapes = shapes or list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.3 * len(shapes), 3.8), squeeze=False, sharey=True)
@@ -60,7 +62,7 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None):
                 base, ls = STYLE.get(name, (name, "-"))
                 ax.plot(*zip(*pts), marker="o", ms=3, ls=ls, color=color(base), label=LABELS.get(name, name))
         ax.axhline(peak_flops / 1e12, color=color("ceiling"), lw=1)
-        ax.text(1, peak_flops / 1e12 * 1.1, "measured bf16 peak", fontsize=7)
+        ax.text(1, peak_flops / 1e12 * 1.1, f"{peak_label} ({peak_flops / 1e12:.0f} TFLOP/s)", fontsize=7)
         ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("TFLOP/s (expert GEMMs)")
