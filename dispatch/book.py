@@ -162,7 +162,8 @@ def stage() -> pathlib.Path:
 
 
 def build_book(src: pathlib.Path) -> pathlib.Path:
-    cmd = [sys.executable, "-m", "jupyter_book", "build", str(src), "--path-output", str(BUILD / "book"),
+    # jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point with this Python.
+    cmd = [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())", "build", str(src), "--path-output", str(BUILD / "book"),
            "-W", "--keep-going", "--all"]
     res = subprocess.run(cmd)
     if res.returncode != 0:
