@@ -86,3 +86,15 @@ def describe() -> dict:
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
         info["gpu_count"] = torch.cuda.device_count()
     return info
+
+
+def pick(value, *, cpu, gpu, dev: torch.device | str | None = None):
+    """Resolve an ``"auto"`` notebook parameter: ``cpu`` on the CPU (the embedded default the book
+    is executed with), ``gpu`` on a CUDA device; any other value is returned as given.
+
+        preset = runtime.pick(preset, cpu="tiny", gpu="olmoe-1b-7b", dev=dev)
+    """
+    if value != "auto":
+        return value
+    dev = torch.device(dev) if dev is not None else device()
+    return gpu if dev.type == "cuda" else cpu
