@@ -34,8 +34,15 @@ def expert_counts(ids_TK: torch.Tensor, num_experts: int, keep_TK: torch.Tensor 
     """Routed (token, choice) pairs per expert: counts_E int64 (dropped pairs excluded if ``keep_TK``)."""
     flat = ids_TK.reshape(-1).long()
     if keep_TK is not None:
+        if keep_TK.shape != ids_TK.shape or keep_TK.dtype != torch.bool:
+            raise ValueError(f"keep_TK must be a bool tensor shaped like ids_TK {tuple(ids_TK.shape)}, "
+                             f"got {keep_TK.dtype} {tuple(keep_TK.shape)}")
         flat = flat[keep_TK.reshape(-1)]
-    return torch.bincount(flat, minlength=num_experts)[:num_experts].cpu()
+    if flat.numel():
+        lo, hi = (int(v) for v in torch.aminmax(flat))
+        if lo < 0 or hi >= num_experts:
+            raise ValueError(f"ids_TK must hold expert ids in [0, {num_experts}), got {lo}..{hi}")
+    return torch.bincount(flat, minlength=num_experts).cpu()
 
 
 def load_stats(counts_E) -> dict:
@@ -106,6 +113,8 @@ def update_bias(bias_E: torch.Tensor, counts_E: torch.Tensor, rate: float) -> to
     bias. The bias is added to the scores only to *choose* experts, never to weight them.
     Example: counts [6, 2, 4], rate 0.1 → mean 4 → bias + [-0.1, +0.1, 0].
     """
+    if tuple(counts_E.shape) != tuple(bias_E.shape) or bias_E.dim() != 1:
+        raise ValueError(f"bias_E and counts_E must both be [E], got {tuple(bias_E.shape)} and {tuple(counts_E.shape)}")
     c = counts_E.to(bias_E.device, torch.float32)
     return bias_E + rate * torch.sign(c.mean() - c)
 

@@ -139,7 +139,21 @@ def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | Non
     except PapermillExecutionError as e:
         raise SystemExit(f"\n{nb_path.relative_to(ROOT)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
                          f"(executed copy with the traceback: {out_path})") from None
+    _relative_paths(out_path)
     return time.time() - t0
+
+
+def _relative_paths(nb_path: pathlib.Path) -> None:
+    """papermill records absolute input/output paths: keep committed notebooks machine-independent."""
+    import nbformat
+
+    nb = nbformat.read(nb_path, as_version=4)
+    pm = nb.metadata.get("papermill", {})
+    for key in ("input_path", "output_path"):
+        if pm.get(key):
+            p = pathlib.Path(pm[key])
+            pm[key] = p.relative_to(ROOT).as_posix() if p.is_absolute() and ROOT in p.parents else p.name
+    nbformat.write(nb, nb_path)
 
 
 def _parse_value(v: str):

@@ -58,7 +58,8 @@ def test_decode_step_matches_gpu_md():
     step = decode_step_roofline(OLMOE, 1)
     assert step.bytes == pytest.approx(2.35e9, rel=0.01)
     assert 1 / step.floor_s == pytest.approx(1830, rel=0.01)
-    assert step.flops == 2 * (param_counts(OLMOE)["active"] - 50304 * 2048)
+    # 2 FLOPs per active non-embedding parameter, by hand: 2 · (1,282,017,280 − 50304 · 2048)
+    assert step.flops == 2 * (1_282_017_280 - 103_022_592) == 2_357_989_376
     assert decode_step_roofline(OLMOE, 1, context=100).flops == step.flops + 4 * 16 * 2048 * 100
 
 

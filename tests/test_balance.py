@@ -70,6 +70,18 @@ def test_capacity_edge_cases():
 
 
 # ------------------------------------------------------------ load and losses
+def test_counts_and_bias_reject_bad_input():
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        bal.expert_counts(torch.tensor([[0, 4]]), 4)  # an id past E was silently dropped before
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        bal.expert_counts(torch.tensor([[-1, 2]]), 4)
+    with pytest.raises(ValueError, match="keep_TK"):
+        bal.expert_counts(torch.tensor([[0, 1]]), 4, torch.tensor([True, False]))
+    assert bal.expert_counts(torch.zeros(0, 2, dtype=torch.long), 3).tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match=r"both be \[E\]"):
+        bal.update_bias(torch.zeros(3), torch.tensor([4]), 0.1)  # would broadcast silently
+
+
 def test_load_stats():
     assert bal.load_stats([2, 2, 2, 2]) == {"max_over_mean": 1.0, "min_over_mean": 1.0, "cv": 0.0}
     s = bal.load_stats([4, 0, 0, 0])

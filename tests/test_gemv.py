@@ -88,10 +88,12 @@ def test_non_contiguous_inputs():
     args = (x.t().contiguous().t(),  # column-major x
             w.t().contiguous().t(), ids.t().contiguous().t(),
             gu.transpose(1, 2).contiguous().transpose(1, 2),  # last dim not contiguous
-            dn[:, :, :].contiguous()[::1])
-    x2 = torch.randn(6, 64)[:, ::2]  # strided x
-    x2.copy_(x)
-    for a in (args, (x2, *args[1:])):
+            dn.transpose(1, 2).contiguous().transpose(1, 2))
+    assert not any(a.is_contiguous() for a in args)
+    x2 = torch.empty(6, 64)[:, ::2].copy_(x)  # strided columns (copied by moe_decode)
+    x3 = torch.empty(6, 80)[:, 8:40].copy_(x)  # row stride 80: read in place through stride(0)
+    assert x3.stride() == (80, 1) and not x3.is_contiguous()
+    for a in (args, (x2, *args[1:]), (x3, w, ids, gu, dn)):
         y = check(a)
         torch.testing.assert_close(y, moe_decode(x, w, ids, gu, dn), atol=0, rtol=0)
 

@@ -72,7 +72,7 @@ def test_edge_cases(T, E, K, mode):
 def test_non_contiguous_inputs():
     T, H, I, E, K = 19, 64, 32, 6, 2  # noqa: E741
     x, w, ids, gate_up, down = make_case(T, H, I, E, K, seed=3)
-    x_nc = torch.randn(H, 2 * T)[:, ::2].T.copy_(x)  # strided rows and columns
+    x_nc = torch.empty(H, 2 * T)[:, ::2].T.copy_(x)  # strided rows and columns
     gate_up_nc = gate_up.transpose(1, 2).contiguous().transpose(1, 2)  # stored [E, H, 2I]
     down_nc = down.transpose(1, 2).contiguous().transpose(1, 2)
     ids_nc = ids.T.contiguous().T
@@ -121,19 +121,20 @@ def test_rows_do_not_depend_on_other_rows_values():
     x, w, ids, gate_up, down = make_case(24, 64, 32, 4, 2, seed=5)
     y_all = gg.moe_experts(x, w, ids, gate_up, down, config=CPU_CFG)
     keep = torch.tensor([0, 7, 21])
-    x_other = torch.randn_like(x) * 10
+    x_other = torch.randn(x.shape, generator=torch.Generator().manual_seed(6)) * 10
     x_other[keep] = x[keep]
     y_other = gg.moe_experts(x_other, w, ids, gate_up, down, config=CPU_CFG)
     assert torch.equal(y_other[keep], y_all[keep])
     assert not torch.equal(y_other, y_all)
 
 
-@pytest.mark.parametrize("T,E,K", [(0, 4, 2), (1, 4, 1), (37, 8, 2), (20, 4, 4)])
-def test_persistent_matches_reference_and_plain_launch(T, E, K):
+@pytest.mark.parametrize("T,E,K,mode", [(0, 4, 2, "random"), (1, 4, 1, "random"), (37, 8, 2, "random"),
+                                        (20, 4, 4, "random"), (33, 8, 1, "one_expert")])
+def test_persistent_matches_reference_and_plain_launch(T, E, K, mode):
     """Same tiles, another schedule: the same bits as the one-program-per-tile launch."""
     from dispatch.kernels.persistent import moe_experts_persistent
 
-    case = make_case(T, 64, 32, E, K, seed=T)
+    case = make_case(T, 64, 32, E, K, mode=mode, seed=T)
     y = moe_experts_persistent(*case, configs=(CPU_CFG, CPU_CFG))
     assert y.shape == (T, 64)
     if T:
@@ -153,6 +154,28 @@ def test_bad_input_raises_value_error(bad, match):
     case = make_case(5, 64, 32, 4, 2)
     with pytest.raises(ValueError, match=match):
         gg.moe_experts(*bad(case))
+
+
+def test_kernel_launchers_reject_routes_that_do_not_fit():
+    """grouped_up_swiglu / grouped_down check the routes against x, h and the weights before launch
+    (routes of another batch or another E would read out of bounds or mis-assign rows)."""
+    x, w, ids, gate_up, down = make_case(6, 64, 32, 4, 2, seed=1)
+    routes = sort_by_expert_torch(ids, 4, 16)
+    with pytest.raises(ValueError, match="sorted for T=6"):
+        gg.grouped_up_swiglu(x[:3], routes, gate_up, config=CPU_CFG)  # N=12 over T=3 looked like K=4 before
+    with pytest.raises(ValueError, match="E=4 experts"):
+        gg.grouped_up_swiglu(x, routes, torch.cat([gate_up, gate_up]), config=CPU_CFG)
+    with pytest.raises(ValueError, match=r"x must be \[T, H\]"):
+        gg.grouped_up_swiglu(x[None], routes, gate_up, config=CPU_CFG)
+    h = gg.grouped_up_swiglu(x, routes, gate_up, config=CPU_CFG)
+    with pytest.raises(ValueError, match="h has 16 rows"):
+        gg.grouped_down(h[:16], routes, down, w, config=CPU_CFG)
+    with pytest.raises(ValueError, match="down E=8"):
+        gg.grouped_down(h, routes, torch.cat([down, down]), w, config=CPU_CFG)
+    with pytest.raises(ValueError, match="h is torch.float32 but down is torch.float64"):
+        gg.grouped_down(h, routes, down.double(), w, config=CPU_CFG)
+    with pytest.raises(ValueError, match="weights must be floating"):
+        gg.grouped_down(h, routes, down, ids, config=CPU_CFG)
 
 
 def test_config_validation_and_block_mismatch():
@@ -227,5 +250,5 @@ def test_gpu_persistent_bf16(T):
 @pytest.mark.gpu
 @gpu
 def test_gpu_combine_bitwise_twin():
-    out = torch.randn(4096 * 8, 2048, device="cuda", dtype=runtime.compute_dtype())
+    out = torch.randn(4096 * 8, 2048, generator=torch.Generator().manual_seed(0)).to("cuda", runtime.compute_dtype())
     assert torch.equal(combine(out, 8), combine_torch(out, 8))

@@ -1,8 +1,6 @@
 """Expert parallelism on CPU ranks (gloo): bit-identical to the single-device layer at world sizes
 1, 2, 4 (8: slow), skewed routing, ranks receiving nothing, ranks with zero tokens, uneven
 counts, replicated experts, faults; the peer-to-peer kernel on a simulated world."""
-import time
-
 import pytest
 import torch
 
@@ -29,7 +27,8 @@ def gloo_cases(tokens_R):
     cases = [W.Case("random", TINY, tokens_R), W.Case("random K=4", K4, tokens_R, seed=3),
              W.Case("skewed: every row to rank 0", wide, tokens_R, routing="skewed", seed=1),
              W.Case("whole layer + gated shared expert", SHARED, tokens_R, routing="router", seed=2),
-             W.Case("fp16", K4, tokens_R, dtype="float16", seed=4)]
+             W.Case("fp16", K4, tokens_R, dtype="float16", seed=4),
+             W.Case("top_k == E: every expert on every token", TINY.replace(top_k=8), tokens_R, seed=7)]
     if R > 1:
         cases.append(W.Case("replicated experts", K4, tokens_R, placement=replicated(R), seed=5))
     return cases
@@ -125,11 +124,12 @@ def test_placement():
 
 
 def test_failing_rank_surfaces_and_ends_the_job():
-    t0 = time.monotonic()
+    # Rank 0 waits in an all_reduce that rank 1 never joins: launch must raise rank 1's error
+    # (a RankError), not a TimeoutError and not a hang. No wall-clock assertion: the collective
+    # timeout (30 s) is what bounds a regression, and a TimeoutError would fail the match below.
     with pytest.raises(RankError, match="boom from rank 1") as info:
         launch(W.fail_on_rank, 2, 1, "boom from rank 1", timeout_s=30)
     assert "rank 1 of 2 failed" in str(info.value)
-    assert time.monotonic() - t0 < 60  # a bound on the hang, not a performance claim
 
 
 def test_configs_that_differ_across_ranks_are_refused():
@@ -139,9 +139,10 @@ def test_configs_that_differ_across_ranks_are_refused():
 
 def test_bad_routing_is_refused_before_anything_moves():
     res = launch(W.bad_routing, 1, TINY)
-    (id_msg, shape_msg), = res
+    (id_msg, shape_msg, k_msg), = res
     assert "expert ids must lie in [0, 8)" in id_msg
     assert "weights_TK and ids_TK must both be [T=3, K]" in shape_msg
+    assert "ids_TK [T, K=2]" in k_msg  # a K other than cfg.top_k is refused, not silently mis-combined
 
 
 def test_launch_rejects_bad_arguments():

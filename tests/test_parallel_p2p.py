@@ -39,6 +39,18 @@ def test_p2p_rejects_too_many_tokens():
         t.send(x, torch.ones(3, 4), torch.zeros(3, 4, dtype=torch.long))
 
 
+@pytest.mark.parametrize("x_shape, k, dtype, match", [
+    ((2, 64), 3, torch.float32, r"K=4"),  # top_k other than the transport's: would mis-combine
+    ((2, 32), 4, torch.float32, r"H=64"),
+    ((2, 64), 4, torch.float16, "built for torch.float32"),
+])
+def test_p2p_rejects_mismatched_inputs_before_any_launch(x_shape, k, dtype, match):
+    t = P2PTransport.simulated(K4, Placement.contiguous(8, 2), max_tokens=4, dtype=torch.float32)[0]
+    with pytest.raises(ValueError, match=match):
+        t.send(torch.zeros(x_shape, dtype=dtype), torch.ones(2, k), torch.zeros(2, k, dtype=torch.long))
+    assert t.flags.tolist() == [0] * 4  # nothing was signalled
+
+
 def test_p2p_programs_loop_over_many_blocks(monkeypatch):
     """Few programs, many rows: each program walks several blocks before it signals once."""
     from dispatch.parallel import p2p

@@ -159,12 +159,18 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH: torch.Tensor, *,
     x_TH [T, H] (any strides), routes from ``sort_by_expert(ids_TK, E, block_m)``,
     gate_up_E2IH [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up). Slots of unused blocks are left unwritten.
     """
+    if x_TH.dim() != 2 or gate_up_E2IH.dim() != 3:
+        raise ValueError(f"x must be [T, H] and gate_up [E, 2I, H], got {tuple(x_TH.shape)} and "
+                         f"{tuple(gate_up_E2IH.shape)}")
     T, H = x_TH.shape
     E, I2, H2 = gate_up_E2IH.shape
     if H2 != H or I2 % 2:
         raise ValueError(f"gate_up must be [E, 2I, H={H}], got {tuple(gate_up_E2IH.shape)}")
     if gate_up_E2IH.dtype != x_TH.dtype:
         raise ValueError(f"x is {x_TH.dtype} but gate_up is {gate_up_E2IH.dtype}")
+    if routes.num_tokens != T or routes.num_experts != E:
+        raise ValueError(f"routes were sorted for T={routes.num_tokens} tokens and E={routes.num_experts} experts, "
+                         f"but x has T={T} and gate_up E={E}")
     I, N = I2 // 2, routes.slot_of_N.numel()
     if T == 0 or N % T:
         raise ValueError(f"routes describe N={N} routed rows, not a multiple of T={T} tokens (need T > 0)")
@@ -185,10 +191,19 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI: torch.Tensor, weights_TK:
     h_PI [P, I] from :func:`grouped_up_swiglu`, down_EHI [E, H, I], weights_TK [T, K] (any float;
     applied in fp32 to the fp32 accumulator, one cast on store).
     """
+    if h_PI.dim() != 2 or down_EHI.dim() != 3:
+        raise ValueError(f"h must be [P, I] and down [E, H, I], got {tuple(h_PI.shape)} and {tuple(down_EHI.shape)}")
     P, I = h_PI.shape
     E, H, I2 = down_EHI.shape
     if I2 != I:
         raise ValueError(f"down must be [E, H, I={I}], got {tuple(down_EHI.shape)}")
+    if down_EHI.dtype != h_PI.dtype:
+        raise ValueError(f"h is {h_PI.dtype} but down is {down_EHI.dtype}")
+    if P != routes.sorted_rows_P.numel() or E != routes.num_experts:
+        raise ValueError(f"routes have P={routes.sorted_rows_P.numel()} slots and E={routes.num_experts} experts, "
+                         f"but h has {P} rows and down E={E}")
+    if not weights_TK.is_floating_point():
+        raise ValueError(f"weights must be floating point, got {weights_TK.dtype}")
     N = weights_TK.numel()
     bm = _check_routes(routes, N, config.block_m if config else None)
     B = routes.block_expert_B.numel()

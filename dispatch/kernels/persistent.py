@@ -10,6 +10,8 @@ differs. It is kept as a benchmark contestant: see chapter 2 for where it wins, 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
@@ -61,7 +63,23 @@ def default_configs(num_rows: int, num_experts: int, dev: torch.device) -> tuple
     if runtime.INTERPRET or dev.type != "cuda":
         return gc.INTERPRET_CONFIG, gc.INTERPRET_CONFIG
     bm = gc.pick_block_m(num_rows, num_experts, dev)
-    return GemmConfig(bm, 128, 64, 8, 3), GemmConfig(bm, 256 if bm <= 128 else 128, 64, 8, 3)
+    up, down = GemmConfig(bm, 128, 64, 8, 3), GemmConfig(bm, 256 if bm <= 128 else 128, 64, 8, 3)
+    return fit_shared(up, 2, gc._max_shared_bytes()), fit_shared(down, 1, gc._max_shared_bytes())
+
+
+def fit_shared(cfg: GemmConfig, n_b_tiles: int, limit: int) -> GemmConfig:
+    """``cfg``, shrunk (stages, then BLOCK_N, then BLOCK_K) until its pipelined tiles fit ``limit``
+    bytes of shared memory: the H200's tiles need ~120 KiB, a T4 (sm_75) has 64 KiB."""
+    while gc.shared_bytes(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, n_b_tiles, 2) > limit:
+        if cfg.num_stages > 2:
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_n > 32:
+            cfg = replace(cfg, block_n=cfg.block_n // 2)
+        elif cfg.block_k > 16:
+            cfg = replace(cfg, block_k=cfg.block_k // 2)
+        else:
+            break
+    return cfg
 
 
 def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None):

@@ -97,6 +97,11 @@ class ExpertParallelMoE:
     def experts(self, x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
         """Routed experts only: dispatch → local experts → combine. [T, H] → [T, H]."""
         check_routing(x_TH, weights_TK, ids_TK, self.cfg.num_experts)
+        if x_TH.shape[1] != self.cfg.hidden_size or ids_TK.shape[1] != self.cfg.top_k:
+            raise ValueError(f"x must be [T, H={self.cfg.hidden_size}] and ids_TK [T, K={self.cfg.top_k}], got "
+                             f"{tuple(x_TH.shape)} and {tuple(ids_TK.shape)}")
+        if x_TH.dtype != self.gate_up_L2IH.dtype:
+            raise ValueError(f"x has dtype {x_TH.dtype} but the expert weights are {self.gate_up_L2IH.dtype}")
         if self.transport == "collective":
             x_MH, weight_M, counts_L, meta = dispatch(x_TH, weights_TK, ids_TK, self.placement, self.group)
             return combine(self.expert_fn(x_MH, weight_M, counts_L, self.gate_up_L2IH, self.down_LHI), meta, self.group)

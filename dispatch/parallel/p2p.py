@@ -178,6 +178,11 @@ class P2PTransport:
         """Rows out to their ranks (and, with ``wait``, everyone's rows in). No host sync.
         Returns home_N: where each routed row's result will land in this rank's return buffer."""
         T, K = ids_TK.shape
+        if K != self.K or tuple(x_TH.shape) != (T, self.H) or tuple(weights_TK.shape) != (T, K):
+            raise ValueError(f"expected x [T, H={self.H}], weights_TK and ids_TK [T, K={self.K}], got "
+                             f"{tuple(x_TH.shape)}, {tuple(weights_TK.shape)} and {tuple(ids_TK.shape)}")
+        if x_TH.dtype != self.recv.dtype:
+            raise ValueError(f"x has dtype {x_TH.dtype} but this transport was built for {self.recv.dtype}")
         if T * K > self.N:
             raise ValueError(f"{T} tokens exceed max_tokens={self.N // K} this transport was built for")
         dest_N = self.placement.dest_rank_N(ids_TK, self.rank)

@@ -113,7 +113,8 @@ def bad_routing(cfg: MoEConfig) -> list[str]:
     layer = ExpertParallelMoE(cfg, random_weights(cfg, seed=0))
     x, msgs = torch.zeros(3, cfg.hidden_size), []
     for w_TK, ids_TK in [(torch.ones(3, cfg.top_k), torch.full((3, cfg.top_k), cfg.num_experts)),
-                         (torch.ones(3, cfg.top_k + 1), torch.zeros(3, cfg.top_k, dtype=torch.long))]:
+                         (torch.ones(3, cfg.top_k + 1), torch.zeros(3, cfg.top_k, dtype=torch.long)),
+                         (torch.ones(3, cfg.top_k + 1), torch.zeros(3, cfg.top_k + 1, dtype=torch.long))]:
         try:
             layer.experts(x, w_TK, ids_TK)
         except ValueError as exc:

@@ -32,8 +32,10 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
         rows = [t * K + k for t in range(T) for k in range(K) if int(ids_TK[t, k]) == e]
         for i in range(n_tiles):
             a1.add_patch(Rectangle((s, n_tiles - 1 - i), 0.92, 0.92, color=cmap(e % 20), alpha=0.85))
-        a1.text(s + 0.46, n_tiles + 0.2, f"e{e}\nrows {rows}", ha="center", va="bottom", fontsize=7)
-    a1.set(xlim=(-0.2, len(used)), ylim=(0, n_tiles + 1.6), xticks=[], yticks=[],
+        label = f"e{e}\nrows {rows}" if len(used) <= 12 else f"e{e}"  # many slots: no room for the rows
+        a1.text(s + 0.46, n_tiles + 0.2, label, ha="center", va="bottom", fontsize=7 if len(used) <= 12 else 6)
+    room = max(1.6, 0.15 * n_tiles)  # above the tiles, for the labels (in tile units)
+    a1.set(xlim=(-0.2, len(used)), ylim=(0, n_tiles + room), xticks=[], yticks=[],
            xlabel=f"slot = used expert ({len(used)} of {num_experts})",
            ylabel=f"I tile ({n_tiles} × {block_i} rows of gate and up)",
            title=f"up kernel grid: {len(used)} × {n_tiles} = {len(used) * n_tiles} programs")

@@ -13,15 +13,20 @@ STYLE = {"ours_grouped": ("ours", "-"), "ours_decode": ("ours", ":"), "ours_laye
          "hf_eager": ("eager", "-"), "hf_grouped_mm": ("grouped_mm", "-"), "hf_batched_mm": ("batched_mm", "-")}
 
 
-def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid"):
+def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid", max_blocks: int = 16,
+           max_tiles: int = 16):
     """Left: sorted slots (rows) coloured by expert, padding hatched. Right: the launch grid —
-    one program per (block of block_m slots, column tile); a block never mixes experts."""
+    one program per (block of block_m slots, column tile); a block never mixes experts.
+
+    A picture of a few blocks: at most ``max_blocks`` used blocks and ``max_tiles`` column tiles are
+    drawn (the first ones; the titles keep the full counts), so a GPU-sized layer stays readable."""
     rows = routes.sorted_rows_P.tolist()
     be = routes.block_expert_B.tolist()
     P, B = len(rows), len(be)
     bm, N = P // B, routes.slot_of_N.numel()
-    used = sum(e >= 0 for e in be)
-    n_tiles = -(-n_cols // block_n)
+    used_all = sum(e >= 0 for e in be)
+    tiles_all = -(-n_cols // block_n)
+    used, n_tiles = min(used_all, max_blocks), min(tiles_all, max_tiles)
     cmap = plt.get_cmap("tab20")
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.4, 1.2]})
     for s in range(used * bm):
@@ -40,8 +45,10 @@ def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid"):
         for j in range(n_tiles):
             a1.add_patch(Rectangle((j, used - 1 - b), 0.94, 0.94, fc=cmap(be[b] % 20), alpha=0.85))
             a1.text(j + 0.47, used - 0.53 - b, f"({b},{j})", ha="center", va="center", fontsize=6)
+    drawn = "" if (used, n_tiles) == (used_all, tiles_all) else f"\n(first {used} × {n_tiles} drawn)"
     a1.set(xlim=(0, n_tiles), ylim=(0, used), xticks=[], yticks=[], xlabel=f"column tile ({block_n} wide)",
-           ylabel="block of sorted rows", title=f"{title}: {used} × {n_tiles} programs (+{B - used} idle)")
+           ylabel="block of sorted rows",
+           title=f"{title}: {used_all} × {tiles_all} programs (+{B - used_all} idle){drawn}")
     fig.tight_layout()
     return fig
 
