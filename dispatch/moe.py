@@ -29,12 +29,9 @@ DECODE_MAX_TOKENS = 64
 
 def _route(logits_TE, cfg, bias_E, use_kernel: bool):
     if use_kernel:
-        try:
-            from dispatch.kernels.routing import route
-        except ImportError:  # the routing kernel is optional: fall back to the reference router
-            route = None
-        if route is not None:
-            return route(logits_TE, cfg, bias_E)
+        from dispatch.kernels.routing import route
+
+        return route(logits_TE, cfg, bias_E)
     weights_TK, ids_TK = route_reference(logits_TE, cfg, bias_E)
     return weights_TK.float(), ids_TK
 
@@ -47,21 +44,11 @@ def pick_path(T: int, x_TH: torch.Tensor, path: str = "auto") -> str:
     if path == "auto":
         if not can_triton:
             return "torch"
-        return "decode" if T <= DECODE_MAX_TOKENS and _decode_fn() is not None else "triton"
+        return "decode" if T <= DECODE_MAX_TOKENS else "triton"
     if path in ("triton", "decode") and not can_triton:
         raise ValueError(f"path={path!r} needs CUDA or Triton's interpreter with fp32/fp16 on CPU "
                          f"(x is {x_TH.dtype} on {x_TH.device}, interpreter={runtime.INTERPRET})")
-    if path == "decode" and _decode_fn() is None:
-        raise ValueError("path='decode' needs dispatch.kernels.gemv.moe_decode, which is not available")
     return path
-
-
-def _decode_fn():
-    try:
-        from dispatch.kernels.gemv import moe_decode
-    except ImportError:
-        return None
-    return moe_decode
 
 
 def moe(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, *, path: str = "auto", config=None) -> torch.Tensor:
@@ -80,7 +67,9 @@ def moe(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, *, path: str = "auto", c
     if chosen == "torch":
         y = experts_reference(x, weights_TK.to(x.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI)
     elif chosen == "decode":
-        y = _decode_fn()(x, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
+        from dispatch.kernels.gemv import moe_decode
+
+        y = moe_decode(x, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
     else:
         from dispatch.kernels.grouped_gemm import moe_experts
 

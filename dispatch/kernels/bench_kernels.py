@@ -152,10 +152,11 @@ def sweep(shape: str, tokens, dev, dtype, log=print) -> list[dict]:
     w = gpu_weights(cfg, dtype, dev)
     rows = []
     for T in tokens:
-        x_TH = torch.randn(T, cfg.H, device=dev, dtype=dtype)
+        g = torch.Generator().manual_seed(T)  # seeded: the same routing every run
+        x_TH = torch.randn(T, cfg.H, generator=g).to(device=dev, dtype=dtype)
         weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg, w.bias_E)
         from dispatch.kernels.combine import combine
-        out_NH = torch.randn(T * cfg.K, cfg.H, device=dev, dtype=dtype)
+        out_NH = torch.randn(T * cfg.K, cfg.H, generator=g).to(device=dev, dtype=dtype)
         for kind, fn in (("sort", lambda: sort_by_expert(ids_TK, cfg.E, 16)), ("combine", lambda: combine(out_NH, cfg.K)),
                          ("moe_experts", lambda: gg.moe_experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI))):
             t = bench.time_ms(fn, warmup=5, rep=20)

@@ -95,7 +95,7 @@ def run(args, rank, R):
         x_all = torch.randn(R * T, H, generator=g).to(dtype=dtype, device=device)
         x_TH = x_all[rank * T:(rank + 1) * T]
         weights_TK, ids_TK = route_rows(x_TH, cfg, w)
-        flat = x_TH.new_empty(T * K, H).normal_()
+        flat = torch.randn(T * K, H, generator=g).to(dtype=dtype, device=device)
         even = (T * K // R,) * R if T * K % R == 0 else None
         if even:
             record("exchange", f"{coll}_all_to_all", T, lockstep_us(lambda: _a2a(flat, even, even, None), iters,
