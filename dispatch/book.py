@@ -137,10 +137,16 @@ def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | Non
         papermill.execute_notebook(str(nb_path), str(out_path), parameters=params, kernel_name="python3",
                                    cwd=str(nb_path.parent), progress_bar=False)
     except PapermillExecutionError as e:
-        raise SystemExit(f"\n{nb_path.relative_to(ROOT)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
+        raise SystemExit(f"\n{_rel(nb_path)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
                          f"(executed copy with the traceback: {out_path})") from None
     _relative_paths(out_path)
     return time.time() - t0
+
+
+def _rel(p: pathlib.Path) -> str:
+    """``p`` relative to the repository when it is inside it (for messages)."""
+    p = pathlib.Path(p).resolve()
+    return p.relative_to(ROOT).as_posix() if ROOT in p.parents else str(p)
 
 
 def _relative_paths(nb_path: pathlib.Path) -> None:
@@ -208,7 +214,7 @@ def main(argv=None) -> None:
     if args.command == "run":
         for nb in args.notebooks:
             p = pathlib.Path(nb).resolve()
-            print(f"executing {p.relative_to(ROOT)} in place ...", flush=True)
+            print(f"executing {_rel(p)} in place ...", flush=True)
             print(f"  done in {execute(p, p, overrides):.0f} s")
         return
 
@@ -223,7 +229,7 @@ def main(argv=None) -> None:
             bar.set_postfix_str(nb.name)
             out = nb if args.inplace else src / "notebooks" / nb.name
             secs = execute(nb, out, overrides)
-            tqdm.write(f"  {nb.relative_to(ROOT)}: {secs:.0f} s")
+            tqdm.write(f"  {_rel(nb)}: {secs:.0f} s")
             if args.inplace:
                 shutil.copy(nb, src / "notebooks" / nb.name)
     else:  # build from the committed outputs

@@ -64,3 +64,33 @@ def test_conda_environment_matches_pyproject():
     pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
     names = lambda specs: {re.split(r"[<>=!\[ ]", s, maxsplit=1)[0].lower() for s in specs}  # noqa: E731
     assert names(wanted) - {"torch"} == names(p for p in pip if not p.startswith("-"))
+
+
+def _tiny_notebook(path, cells):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1\ny = 2", metadata={"tags": ["parameters"]})]
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def test_pipeline_injects_only_declared_parameters(tmp_path):
+    import nbformat
+
+    nb = tmp_path / "ok.ipynb"
+    _tiny_notebook(nb, ["print(x + y)"])
+    assert book._params_for(nb, {"x": 40, "preset": "olmoe-1b-7b"}) == {"x": 40}
+    book.execute(nb, nb, {"x": 40, "preset": "olmoe-1b-7b"})
+    out = nbformat.read(nb, as_version=4).cells[-1].outputs[0]["text"]
+    assert out.strip() == "42"
+
+
+def test_a_failing_cell_names_the_notebook_and_the_cell(tmp_path):
+    nb = tmp_path / "broken.ipynb"
+    _tiny_notebook(nb, ["print('fine')", "raise RuntimeError('the kernel exploded')"])
+    with pytest.raises(SystemExit) as err:
+        book.execute(nb, tmp_path / "out.ipynb")
+    msg = str(err.value)
+    assert "broken.ipynb" in msg and "cell 3" in msg and "the kernel exploded" in msg
