@@ -13,7 +13,6 @@ Writes results/<gpu>/expert_parallel.json (rank 0) through ``dispatch.bench.save
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -31,23 +30,26 @@ from dispatch.parallel.placement import Placement
 from dispatch.parallel.workers import bitwise_equal
 
 
-def lockstep_us(fn, iters: int, reps: int, cuda: bool) -> dict:
-    """Microseconds per call of a collective ``fn``: every rank runs the same counts; max over ranks."""
+def lockstep_us(fn, iters: int, reps: int, cuda: bool, collective: bool = True) -> dict:
+    """Microseconds per call of ``fn``. A collective ``fn`` runs in lockstep (a barrier before each
+    sample) and reports the max over ranks; ``collective=False`` times one rank's own work alone."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(3):
         fn()
     samples = []
     for _ in range(reps):
         sync()
-        dist.barrier()
+        if collective:
+            dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
         sync()
         samples.append((time.perf_counter() - t0) / iters * 1e6)
     stats = torch.tensor([statistics.median(samples), min(samples), max(samples)], dtype=torch.float64)
-    stats = stats.cuda() if cuda else stats
-    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    if collective:
+        stats = stats.cuda() if cuda else stats
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     med, lo, hi = stats.tolist()
     return {"median_us": med, "min_us": lo, "max_us": hi, "samples": reps, "iters": iters}
 
@@ -136,7 +138,7 @@ def run(args, rank, R):
             record("layer", name, T, lockstep_us(lambda: layer(x_TH), iters, args.reps, cuda),
                    bitwise_equal=bool(ok.item()))
         if rank == 0:
-            solo = lockstep_us_local(lambda: moe_single(x_all, cfg, w, fn), iters, args.reps, cuda)
+            solo = lockstep_us(lambda: moe_single(x_all, cfg, w, fn), iters, args.reps, cuda, collective=False)
             record("layer", "single_gpu", T, solo, global_tokens=R * T)
         dist.barrier()
         del p2p
@@ -168,27 +170,8 @@ def save_rows(args, rows, R, dtype):
         argv.append(a)
     cmd = " ".join([f"torchrun --nproc_per_node {R} -m dispatch.parallel.bench"] + argv)
     extra = {"preset": args.preset, "world_size": R, "dtype": str(dtype).replace("torch.", "")}
-    if os.environ.get("DISPATCH_GIT_COMMIT"):  # a checkout copied without .git (the GPU machines)
-        extra["git_commit"] = os.environ["DISPATCH_GIT_COMMIT"]
     return save("expert_parallel", rows, out_dir=pathlib.Path(args.out_dir) if args.out_dir else None, command=cmd,
                 extra=extra)
-
-
-def lockstep_us_local(fn, iters, reps, cuda) -> dict:
-    """Like :func:`lockstep_us` for one rank's own work (no barrier, no reduction)."""
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - t0) / iters * 1e6)
-    return {"median_us": statistics.median(samples), "min_us": min(samples), "max_us": max(samples),
-            "samples": reps, "iters": iters}
 
 
 if __name__ == "__main__":
