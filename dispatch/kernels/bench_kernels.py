@@ -70,18 +70,13 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev):
         from dispatch.kernels.persistent import moe_experts_persistent
         out["ours_persistent"] = (with_shared(lambda: moe_experts_persistent(
             x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)), None)
-    try:
-        from dispatch.kernels.gemv import moe_decode
-        if T <= 64:
-            out["ours_decode"] = (with_shared(lambda: moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH,
-                                                                    w.down_EHI)), None)
-    except ImportError:
-        pass
-    try:
-        from dispatch.moe import moe
-        out["ours_layer"] = (lambda: moe(x_TH, cfg, w), None)
-    except ImportError:
-        pass
+    from dispatch.kernels.gemv import moe_decode
+    from dispatch.moe import DECODE_MAX_TOKENS, moe
+
+    if T <= DECODE_MAX_TOKENS:
+        out["ours_decode"] = (with_shared(lambda: moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH,
+                                                                w.down_EHI)), None)
+    out["ours_layer"] = (lambda: moe(x_TH, cfg, w), None)
     return out
 
 
