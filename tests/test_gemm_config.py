@@ -18,3 +18,18 @@ def test_fit_shared(block_m, n_b_tiles, block_n):
     assert small.block_m == block_m  # rows per block are the sort's contract: never changed
     # hand check of the formula: stages · (BM·BK + tiles·BN·BK) · 2 bytes
     assert shared_bytes(64, 128, 64, 3, 2, 2) == 3 * (64 * 64 + 2 * 128 * 64) * 2 == 122880
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+@pytest.mark.parametrize("base", ["FEW_EXPERTS", "MANY_EXPERTS"])
+def test_decode_tiles_fit(block_m, base):
+    from dataclasses import replace
+
+    from dispatch.kernels import gemv
+
+    cfg = replace(getattr(gemv, base), block_m=block_m)
+    assert gemv.fit_shared(cfg, H200) == cfg  # the tiles tuned on the H200 stay as they are
+    small = gemv.fit_shared(cfg, T4)
+    assert gemv.shared_bytes(small) <= T4 - 8 * 1024 and small.block_m == block_m
+    # hand check: 3 stages · (16·256 + 2·32·256) · 2 bytes for the up kernel of FEW_EXPERTS
+    assert gemv.shared_bytes(replace(gemv.FEW_EXPERTS, block_m=16)) == 3 * (16 * 256 + 2 * 32 * 256) * 2

@@ -83,7 +83,35 @@ def default_config(T: int, K: int, E: int, H: int, I: int, device: torch.device)
         return INTERPRETER
     base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * 132 else FEW_EXPERTS
     block_m = min(64, max(16, triton.next_power_of_2(-(-2 * T * K // E))))
-    return replace(base, block_m=block_m)
+    return fit_shared(replace(base, block_m=block_m), _max_shared_bytes())
+
+
+def shared_bytes(cfg: DecodeConfig) -> int:
+    """Shared memory of the larger kernel's pipelined tiles (2-byte elements): up streams x, gate and
+    up tiles over H; down streams h and down tiles over I."""
+    up = cfg.block_m * cfg.block_h + 2 * cfg.block_i * cfg.block_h
+    down = cfg.block_m * cfg.block_id + cfg.block_ho * cfg.block_id
+    return cfg.num_stages * max(up, down) * 2
+
+
+def fit_shared(cfg: DecodeConfig, limit: int) -> DecodeConfig:
+    """``cfg`` shrunk (stages, then the reduction chunks) until it fits ``limit`` bytes less 8 KiB of
+    headroom: the H200 tiles are kept as tuned; a T4 (sm_75, 64 KiB) gets a smaller pipeline."""
+    budget = limit - 8 * 1024
+    while shared_bytes(cfg) > budget:
+        if cfg.num_stages > 1:
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_h > 32 or cfg.block_id > 32:
+            cfg = replace(cfg, block_h=max(32, cfg.block_h // 2), block_id=max(32, cfg.block_id // 2))
+        else:
+            break
+    return cfg
+
+
+def _max_shared_bytes() -> int:
+    from dispatch.kernels.gemm_config import _max_shared_bytes as device_limit
+
+    return device_limit()
 
 
 def check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> tuple[int, int, int, int, int]:
