@@ -55,6 +55,11 @@ def time_ms(fn, *, warmup: int = 10, rep: int = 50) -> dict:
     return {"median_ms": statistics.median(ts), "min_ms": ts[0], "max_ms": ts[-1], "samples": len(ts)}
 
 
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Norm-wise relative error ‖y − ref‖ / ‖ref‖ in fp32: the benchmarks' correctness gate."""
+    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
 def gpu_slug(name: str | None = None) -> str:
     name = name or (torch.cuda.get_device_name() if runtime.HAS_CUDA else "cpu")
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "cpu"

@@ -13,7 +13,7 @@ Routing families (``MoEConfig.family`` only names the preset; the fields decide 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -154,16 +154,21 @@ class MoEWeights:
 
 
 def random_weights(cfg: MoEConfig, *, seed: int = 0, dtype=torch.float32, device="cpu", scale: float = 1.0) -> MoEWeights:
-    """Seeded random weights with a sensible scale (std ~ 1/sqrt(fan_in)); for tests and benchmarks."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    """Seeded random weights with a sensible scale (std ~ 1/sqrt(fan_in)); for tests and benchmarks.
+
+    Drawn by ``device``'s own generator (a GPU draws Mixtral's gigabytes without the host); the
+    same seed gives the same weights on every CPU, and on every GPU of one torch version.
+    """
+    g = torch.Generator(device=device).manual_seed(seed)
     H, I, E, S = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.shared_intermediate_size
 
     def rnd(*shape, fan_in):
-        return (torch.randn(*shape, generator=g) * (scale / fan_in ** 0.5)).to(dtype=dtype, device=device)
+        draw = torch.randn(*shape, generator=g, device=device, dtype=torch.float32)
+        return (draw * (scale / fan_in ** 0.5)).to(dtype=dtype)
 
     w = MoEWeights(router_EH=rnd(E, H, fan_in=H), gate_up_E2IH=rnd(E, 2 * I, H, fan_in=H), down_EHI=rnd(E, H, I, fan_in=I))
     if cfg.correction_bias:
-        w.bias_E = (torch.randn(E, generator=g) * 0.1).to(dtype=torch.float32, device=device)
+        w.bias_E = torch.randn(E, generator=g, device=device, dtype=torch.float32) * 0.1
     if S:
         w.shared_gate_up_2SH = rnd(2 * S, H, fan_in=H)
         w.shared_down_HS = rnd(H, S, fan_in=S)

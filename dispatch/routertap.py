@@ -18,14 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from dispatch import balance
-
-
-def moe_blocks(model) -> list:
-    """The sparse MoE blocks (modules with a ``gate`` router and ``experts``), in layer order."""
-    blocks = [m for m in model.modules() if hasattr(m, "gate") and hasattr(m, "experts")]
-    if not blocks:
-        raise ValueError("model has no MoE blocks (modules with .gate and .experts)")
-    return blocks
+from dispatch.hf import moe_blocks
 
 
 class RouterTap:
@@ -38,7 +31,9 @@ class RouterTap:
     """
 
     def __init__(self, model, *, bias_LE: torch.Tensor | None = None, capacity_factor: float | None = None):
-        self.blocks = moe_blocks(model)
+        self.blocks = [block for _, block in moe_blocks(model)]
+        if not self.blocks:
+            raise ValueError("model has no sparse MoE blocks (dispatch.hf.moe_blocks found none)")
         L, E = len(self.blocks), self.blocks[0].gate.num_experts
         if bias_LE is not None and tuple(bias_LE.shape) != (L, E):
             raise ValueError(f"bias_LE must be [{L}, {E}], got {tuple(bias_LE.shape)}")

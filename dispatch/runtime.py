@@ -9,6 +9,7 @@ Dtypes: bf16 on sm_80+; fp16 below sm_80 (a T4 is sm_75: Triton's bf16 fails the
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -57,6 +58,25 @@ def dtype(name: str = "auto", dev: torch.device | str | None = None) -> torch.dt
     if name not in table:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(table)}, got {name!r}")
     return table[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_bytes_of(index: int) -> int:
+    import triton
+
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def max_shared_bytes(dev: torch.device | str | None = None) -> int:
+    """Shared memory one Triton program may use on ``dev`` (cached: kernels ask on every launch).
+    227 KiB on an H100/H200, 64 KiB on a T4; 64 KiB when it cannot be read (the smallest we target)."""
+    dev = torch.device(dev) if dev is not None else device()
+    if dev.type != "cuda":
+        return 64 * 1024
+    try:
+        return _shared_bytes_of(dev.index if dev.index is not None else torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 - an unreadable property must not stop a launch
+        return 64 * 1024
 
 
 def triton_ok(t: torch.Tensor) -> bool:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import dispatch  # noqa: F401
 from dispatch import routertap, train
+from dispatch.hf import moe_blocks
 
 MICRO = train.PRESETS["micro"]
 
@@ -53,7 +54,7 @@ def keep_by_hand(ids_TK, E, cf):
 
 @pytest.mark.parametrize("cf", [None, 2.0, 1.0, 0.5])
 def test_capacity_hook_matches_reference(model, cf):
-    block = routertap.moe_blocks(model)[0]
+    block = next(moe_blocks(model))[1]
     x = torch.randn(24, MICRO.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), routertap.RouterTap(model, capacity_factor=cf) as tap:
         y = block(x[None])[0]
@@ -71,7 +72,7 @@ def test_capacity_hook_matches_reference(model, cf):
 
 
 def test_bias_hook_chooses_with_bias_weights_without(model):
-    block = routertap.moe_blocks(model)[0]
+    block = next(moe_blocks(model))[1]
     x = torch.randn(10, MICRO.hidden_size, generator=torch.Generator().manual_seed(1))
     bias = torch.zeros(1, MICRO.num_experts)
     bias[0, 3] = 10.0  # expert 3 wins every token's first choice

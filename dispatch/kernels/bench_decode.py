@@ -21,12 +21,12 @@ import json
 import torch
 
 from dispatch import bench, runtime
-from dispatch.config import PRESETS
+from dispatch.arithmetic import H200_HBM_BPS
+from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import hf_baselines as hf
 from dispatch.kernels.gemv import FEW_EXPERTS, DecodeConfig, default_config, moe_decode
 from dispatch.reference import experts_reference, route_reference
 
-HBM_BPS = 4.3e12  # measured H200 copy bandwidth (shared/gpu.md): the denominator of "% of HBM"
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "qwen3-30b-a3b")
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 TOLERANCE = 2e-2  # ‖ours − ref‖ / ‖ref‖ in bf16 (the reference rounds after every op, we accumulate in fp32)
@@ -41,16 +41,11 @@ PROGRAM_CANDIDATES = [dict(programs=p) for p in (264, 528, 1056, 2112)]
 def make_case(name: str, T: int, dev, dtype, seed: int = 0):
     """Weights drawn on the device, x and a softmax top-K routing of random logits."""
     cfg = PRESETS[name]
-    g = torch.Generator(device=dev).manual_seed(seed)
-
-    def rnd(*shape, fan_in):
-        return (torch.randn(*shape, generator=g, device=dev) / fan_in ** 0.5).to(dtype)
-
-    gu = rnd(cfg.E, 2 * cfg.I, cfg.H, fan_in=cfg.H)
-    dn = rnd(cfg.E, cfg.H, cfg.I, fan_in=cfg.I)
-    x = rnd(T, cfg.H, fan_in=1)
+    w = random_weights(cfg, seed=seed, dtype=dtype, device=dev)
+    g = torch.Generator(device=dev).manual_seed(seed + 1)
+    x = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
     weights, ids = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
-    return cfg, x, weights, ids, gu, dn
+    return cfg, x, weights, ids, w.gate_up_E2IH, w.down_EHI
 
 
 def graph_of(fn):
@@ -94,14 +89,14 @@ def measure(name: str, tokens, dev, dtype, configs=None, log=print) -> list[dict
             dcfg = configs[1 if dcfg.programs == FEW_EXPERTS.programs else 64]
         ref = experts_reference(x, w.to(dtype), ids, gu, dn)
         y = moe_decode(x, w, ids, gu, dn, config=dcfg)
-        err = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+        err = bench.rel_err(y, ref)
         if not err <= TOLERANCE:
             raise AssertionError(f"moe_decode is wrong on {name} T={T}: rel err {err:.3g}")
         same = torch.equal(y, moe_decode(x, w, ids, gu, dn, config=dcfg))
         uniq = int(torch.unique(ids).numel())
         nbytes = uniq * 3 * cfg.H * cfg.I * x.element_size()
         row = {"shape": name, "tokens": T, "unique_experts": uniq, "expert_bytes": nbytes,
-               "floor_ms": nbytes / HBM_BPS * 1e3, "rel_err": err, "bitwise_repeat": same,
+               "floor_ms": nbytes / H200_HBM_BPS * 1e3, "rel_err": err, "bitwise_repeat": same,
                "config": dataclasses.asdict(dcfg), "contestants": {}}
         fns = {"ours": lambda: moe_decode(x, w, ids, gu, dn, config=dcfg),
                "ours_graph": graph_of(lambda: moe_decode(x, w, ids, gu, dn, config=dcfg))}
@@ -124,7 +119,7 @@ def measure(name: str, tokens, dev, dtype, configs=None, log=print) -> list[dict
                 torch.cuda.empty_cache()
                 continue
             s = r["median_ms"] / 1e3
-            r.update(gbps=nbytes / s / 1e9, pct_hbm=100 * nbytes / s / HBM_BPS)
+            r.update(gbps=nbytes / s / 1e9, pct_hbm=100 * nbytes / s / H200_HBM_BPS)
             row["contestants"][cname] = r
         c = row["contestants"]
         hf_ms = [c[k]["median_ms"] for k in ("batched_mm", "grouped_mm") if "median_ms" in c.get(k, {})]
@@ -160,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             tuned[name] = {T: dataclasses.asdict(c) for T, c in configs.items()}
         rows += measure(name, tokens, dev, dtype, configs)
     import pathlib
-    path = bench.save("decode", rows, extra={"hbm_bps": HBM_BPS, "dtype": str(dtype), "tuned": tuned},
+    path = bench.save("decode", rows, extra={"hbm_bps": H200_HBM_BPS, "dtype": str(dtype), "tuned": tuned},
                       out_dir=pathlib.Path(a.out) if a.out else None)
     print(f"wrote {path}")
     if tuned:

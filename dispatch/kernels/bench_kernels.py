@@ -18,7 +18,7 @@ import torch
 
 from dispatch import bench, runtime
 from dispatch.arithmetic import H200_BF16_FLOPS, H200_HBM_BPS
-from dispatch.config import PRESETS, MoEConfig, MoEWeights
+from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import gemm_config as gc
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import hf_baselines as hf
@@ -29,22 +29,6 @@ TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
 QUICK_TOKENS = (1, 64, 1024, 4096)
 TOLERANCE = 2e-2  # ‖ours − ref‖ / ‖ref‖ in bf16 (both round differently; the reference rounds more)
 MAX_CALL_MS = 2000.0
-
-
-def gpu_weights(cfg: MoEConfig, dtype, dev, seed: int = 0) -> MoEWeights:
-    """Random weights drawn on the device (Mixtral's 2.8 GB would take long on the host)."""
-    g = torch.Generator(device=dev).manual_seed(seed)
-    H, I, E, S = cfg.H, cfg.I, cfg.E, cfg.shared_intermediate_size
-
-    def rnd(*shape, fan_in):
-        return (torch.randn(*shape, generator=g, device=dev, dtype=torch.float32) / fan_in ** 0.5).to(dtype)
-
-    w = MoEWeights(rnd(E, H, fan_in=H), rnd(E, 2 * I, H, fan_in=H), rnd(E, H, I, fan_in=I))
-    if S:
-        w.shared_gate_up_2SH, w.shared_down_HS = rnd(2 * S, H, fan_in=H), rnd(H, S, fan_in=S)
-    if cfg.shared_gate:
-        w.shared_gate_1H = rnd(1, H, fan_in=H)
-    return w
 
 
 def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev):
@@ -82,7 +66,7 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev):
 
 def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=print) -> list[dict]:
     cfg = PRESETS[name]
-    w = gpu_weights(cfg, dtype, dev)
+    w = random_weights(cfg, dtype=dtype, device=dev)
     rows = []
     for T in tokens:
         g = torch.Generator(device=dev).manual_seed(1000 + T)
@@ -100,7 +84,7 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
             if reason is None:
                 try:
                     y_TH = fn()
-                    err = ((y_TH.float() - ref_TH.float()).norm() / ref_TH.float().norm().clamp_min(1e-30)).item()
+                    err = bench.rel_err(y_TH, ref_TH)
                     row["rel_err"] = err
                     if cname in ("ours_grouped", "ours_decode", "ours_persistent") and not err <= TOLERANCE:
                         raise AssertionError(f"{cname} is wrong on {name} T={T}: rel err {err:.3g}")
@@ -144,7 +128,7 @@ def sweep(shape: str, tokens, dev, dtype, log=print) -> list[dict]:
     from dispatch.kernels.sort import sort_by_expert
 
     cfg = PRESETS[shape]
-    w = gpu_weights(cfg, dtype, dev)
+    w = random_weights(cfg, dtype=dtype, device=dev)
     rows = []
     for T in tokens:
         g = torch.Generator().manual_seed(T)  # seeded: the same routing every run

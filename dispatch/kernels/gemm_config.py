@@ -73,16 +73,6 @@ def autotune_configs(kind: str) -> list:
             _cfg(64, 32, 4, 2), _cfg(32, 32, 4, 2)]
 
 
-def _max_shared_bytes() -> int:
-    try:
-        import triton
-
-        dev = torch.cuda.current_device()
-        return int(triton.runtime.driver.active.utils.get_device_properties(dev)["max_shared_mem"])
-    except Exception:  # noqa: BLE001 - fall back to the smallest GPU we target (T4)
-        return 64 * 1024
-
-
 def shared_bytes(block_m: int, block_n: int, block_k: int, stages: int, n_b_tiles: int, elt: int) -> int:
     """Shared memory of the pipelined A and B tiles (what decides whether a config fits)."""
     return stages * (block_m * block_k + n_b_tiles * block_n * block_k) * elt
@@ -96,7 +86,7 @@ def make_pruner(n_b_tiles: int):
     def prune(configs, named_args, **kwargs):
         bm = kwargs.get("BLOCK_M", named_args.get("BLOCK_M", 64))
         elt = 2
-        limit = _max_shared_bytes()
+        limit = runtime.max_shared_bytes()
         kept = [c for c in configs
                 if shared_bytes(bm, c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], max(c.num_stages, 1), n_b_tiles, elt)
                 <= limit and bm * c.kwargs["BLOCK_N"] * n_b_tiles <= 128 * 32 * c.num_warps]

@@ -83,7 +83,7 @@ def default_config(T: int, K: int, E: int, H: int, I: int, device: torch.device)
         return INTERPRETER
     base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * 132 else FEW_EXPERTS
     block_m = min(64, max(16, triton.next_power_of_2(-(-2 * T * K // E))))
-    return fit_shared(replace(base, block_m=block_m), _max_shared_bytes())
+    return fit_shared(replace(base, block_m=block_m), runtime.max_shared_bytes(device))
 
 
 def shared_bytes(cfg: DecodeConfig) -> int:
@@ -106,12 +106,6 @@ def fit_shared(cfg: DecodeConfig, limit: int) -> DecodeConfig:
         else:
             break
     return cfg
-
-
-def _max_shared_bytes() -> int:
-    from dispatch.kernels.gemm_config import _max_shared_bytes as device_limit
-
-    return device_limit()
 
 
 def check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> tuple[int, int, int, int, int]:

@@ -64,7 +64,8 @@ def default_configs(num_rows: int, num_experts: int, dev: torch.device) -> tuple
         return gc.INTERPRET_CONFIG, gc.INTERPRET_CONFIG
     bm = gc.pick_block_m(num_rows, num_experts, dev)
     up, down = GemmConfig(bm, 128, 64, 8, 3), GemmConfig(bm, 256 if bm <= 128 else 128, 64, 8, 3)
-    return fit_shared(up, 2, gc._max_shared_bytes()), fit_shared(down, 1, gc._max_shared_bytes())
+    limit = runtime.max_shared_bytes(dev)
+    return fit_shared(up, 2, limit), fit_shared(down, 1, limit)
 
 
 def fit_shared(cfg: GemmConfig, n_b_tiles: int, limit: int) -> GemmConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from dispatch.arithmetic import H200_HBM_BPS
 from dispatch.plots import color
 
 LABELS = {"ours": "ours (moe_decode)", "ours_graph": "ours, CUDA graph", "ours_wide": "ours, wide tiles",
@@ -45,7 +46,7 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
     return fig
 
 
-def bandwidth(doc: dict, hbm_bps: float = 4.3e12, *, hbm_label: str = "HBM"):
+def bandwidth(doc: dict, hbm_bps: float = H200_HBM_BPS, *, hbm_label: str = "HBM"):
     """GB/s on the distinct chosen experts' bytes vs tokens, one panel per shape; the HBM ceiling
     ``hbm_bps`` (bytes/s, labelled ``hbm_label``) and 80% of it drawn on top."""
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
