@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 
 # Execute every chapter in _toc.yml on the embedded default, then build _build/html.
 book: $(STAMP)
-	$(PY) -m dispatch.book $(ARGS)
+	$(PY) -m dispatch_book.build $(ARGS)
 
 # Unit tests, property tests and the notebooks under nbval, in one pytest run, on the CPU (the
 # committed notebook outputs are the CPU default's; kernels run under Triton's interpreter).
@@ -39,7 +39,7 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest tests -m gpu $(ARGS)
 
 bench: $(STAMP)
-	$(PY) -m dispatch.bench $(ARGS)
+	$(PY) -m dispatch_book.bench $(ARGS)
 
 clean:
 	rm -rf _build .pytest_cache

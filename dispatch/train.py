@@ -243,7 +243,7 @@ STUDY_RESULTS = ASSETS.parent.parent / "results" / "cpu-train" / "balance_study.
 
 def collect_study(logs: dict[str, dict], path: pathlib.Path = STUDY_RESULTS) -> pathlib.Path:
     """Write the balancing study (label → training log) as one results file (bench format)."""
-    from dispatch import bench
+    from dispatch_book import bench
 
     first = next(iter(logs.values()))
     doc = {"benchmark": "balance_study", "gpu": "cpu", "gpu_count": 0,

@@ -4,7 +4,7 @@ import torch
 
 import dispatch  # noqa: F401
 from dispatch.config import MoEConfig, PRESETS, random_weights
-from dispatch.kernels.bench_kernels import contestants
+from dispatch_book.bench.kernels import contestants
 from dispatch.reference import moe_reference, route_reference, router_logits
 
 CFGS = {"tiny": PRESETS["tiny"], "shared": MoEConfig(64, 32, 8, 2, shared_intermediate_size=48, family="deepseek_moe")}

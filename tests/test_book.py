@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from dispatch import book
+from dispatch_book import build as book
 
 ROOT = book.ROOT
 NOTEBOOKS = book.chapters()
@@ -27,8 +27,8 @@ def test_repository_url_in_one_place():
         cells = json.loads(nb.read_text())["cells"]
         badge, install = "".join(cells[0]["source"]), "".join(cells[1]["source"])
         title = re.match(r"# (.+)", badge).group(1)
-        assert badge.startswith(book.badge_source(nb, title)), f"{nb.name}: run `python -m dispatch.book sync`"
-        assert install == book.install_source(), f"{nb.name}: run `python -m dispatch.book sync`"
+        assert badge.startswith(book.badge_source(nb, title)), f"{nb.name}: run `python -m dispatch_book.build sync`"
+        assert install == book.install_source(), f"{nb.name}: run `python -m dispatch_book.build sync`"
         assert url.removeprefix("https://github.com/") in badge and url in install
 
 
@@ -46,7 +46,7 @@ def test_chapter_structure(nb):
             continue
         src = "".join(c["source"])
         assert c.get("execution_count") is not None or not src.strip() or c is cells[1], \
-            f"{nb.name}: a code cell has no stored output; run `python -m dispatch.book run {nb.name}`"
+            f"{nb.name}: a code cell has no stored output; run `python -m dispatch_book.build run {nb.name}`"
         if "NBVAL_IGNORE_OUTPUT" in src:
             # nbval honours only the bare marker line; the next line must say why the output varies.
             lines = src.splitlines()

@@ -190,7 +190,7 @@ def test_config_validation_and_block_mismatch():
 @pytest.mark.parametrize("impl", ["eager", "grouped_mm", "batched_mm"])
 def test_transformers_baselines_match_reference(impl):
     """The benchmark's contestants compute the same function (checked here on CPU, fp32)."""
-    from dispatch.kernels import hf_baselines as hf
+    from dispatch_book.bench import hf_baselines as hf
 
     reason = hf.unavailable_reason(impl, torch.device("cpu"), torch.float32)
     if reason:

@@ -7,7 +7,7 @@
     layer.py      ExpertParallelMoE and the single-device layer it matches bit for bit
     launch.py     run a function on N ranks (notebooks, tests); torchrun helpers; fault handling
     workers.py    the functions ranks run (picklable)
-    bench.py      ``torchrun --nproc_per_node N -m dispatch.parallel.bench``
+    bench.py      ``torchrun --nproc_per_node N -m dispatch_book.bench.parallel``
 """
 from dispatch.parallel.dispatch import DispatchMeta, combine, combine_topk, dispatch
 from dispatch.parallel.layer import ExpertParallelMoE, moe_single

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from matplotlib.colors import ListedColormap
 
-from dispatch.plots import color
+from dispatch_book.figures import color
 
 PAD_COLOR, UNUSED_COLOR = "#d9d9d9", "#ffffff"
 

@@ -1,4 +1,4 @@
-"""Expert-parallel benchmark: ``torchrun --nproc_per_node N -m dispatch.parallel.bench [--tokens ...]``.
+"""Expert-parallel benchmark: ``torchrun --nproc_per_node N -m dispatch_book.bench.parallel [--tokens ...]``.
 
 Runs unchanged at any world size (gloo on CPU for a smoke test, NCCL + peer-to-peer on GPUs).
 Per tokens-per-GPU T, all ranks in lockstep (same iteration counts, barrier before each sample,
@@ -8,7 +8,7 @@ the slowest rank's median is reported):
   layer     ep_nccl / ep_p2p (router → dispatch → experts → combine) vs single_gpu (the whole
             global batch R·T on one GPU), with a bit-for-bit check of every output
   memory    expert weights and peak allocated per GPU
-Writes results/<gpu>/expert_parallel.json (rank 0) through ``dispatch.bench.save``.
+Writes results/<gpu>/expert_parallel.json (rank 0) through ``dispatch_book.bench.save``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dispatch import runtime
-from dispatch.bench import save
+from dispatch_book.bench import save
 from dispatch.config import PRESETS, random_weights
 from dispatch.parallel.dispatch import _a2a, combine, dispatch
 from dispatch.parallel.experts import experts_loop, experts_rowwise
@@ -168,7 +168,7 @@ def save_rows(args, rows, R, dtype):
             skip = a == "--out-dir"
             continue
         argv.append(a)
-    cmd = " ".join([f"torchrun --nproc_per_node {R} -m dispatch.parallel.bench"] + argv)
+    cmd = " ".join([f"torchrun --nproc_per_node {R} -m dispatch_book.bench.parallel"] + argv)
     extra = {"preset": args.preset, "world_size": R, "dtype": str(dtype).replace("torch.", "")}
     return save("expert_parallel", rows, out_dir=pathlib.Path(args.out_dir) if args.out_dir else None, command=cmd,
                 extra=extra)

@@ -1,6 +1,6 @@
 """The denominators of every "% of peak": measured HBM copy bandwidth and bf16 matmul rate.
 
-``python -m dispatch.bench ceilings`` on a GPU writes ``results/<gpu>/ceilings.json``. Copy
+``python -m dispatch_book.bench ceilings`` on a GPU writes ``results/<gpu>/ceilings.json``. Copy
 bandwidth counts bytes read + written (a device-to-device copy of ``2 GiB``); the matmul rate is a
 square bf16 (fp16 below sm_80) product through torch, on random data.
 """
@@ -10,7 +10,8 @@ import argparse
 
 import torch
 
-from dispatch import bench, runtime
+from dispatch import runtime
+from dispatch_book import bench
 
 
 def measure(copy_bytes: int = 2 << 30, n: int = 8192) -> list[dict]:
@@ -33,7 +34,7 @@ def measure(copy_bytes: int = 2 << 30, n: int = 8192) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m dispatch.bench ceilings")
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench ceilings")
     ap.parse_args(argv)
     rows = measure()
     for r in rows:

@@ -1,6 +1,6 @@
 """Benchmark of the decode path (1–64 tokens): our grouped GEMV against transformers, same inputs.
 
-    python -m dispatch.kernels.bench_decode [--shapes a,b] [--tokens 1,8,64] [--tune] [--quick]
+    python -m dispatch_book.bench.decode [--shapes a,b] [--tokens 1,8,64] [--tune] [--quick]
 
 For each shape and token count one routing (softmax top-K of random logits) is given to every
 contestant: ``ours`` (``moe_decode``, as a user calls it: host overhead included), ``ours_graph``
@@ -10,7 +10,7 @@ tiles: too few programs to fill the GPU), transformers' ``batched_mm`` and ``gro
 ``dispatch.reference``). The floor is the bytes of the distinct chosen experts over 4.3 TB/s.
 ``--tune`` first times a few tile configs per shape at 1 and 64 tokens and uses the best (the one
 tuned at 1 token where the default is ``FEW_EXPERTS``, else the one at 64); rows record their config.
-Rows go to ``results/<gpu>/decode.json`` (``dispatch.bench.save``).
+Rows go to ``results/<gpu>/decode.json`` (``dispatch_book.bench.save``).
 """
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ import json
 
 import torch
 
-from dispatch import bench, runtime
+from dispatch import runtime
+from dispatch_book import bench
 from dispatch.arithmetic import H200_HBM_BPS
 from dispatch.config import PRESETS, random_weights
-from dispatch.kernels import hf_baselines as hf
+from dispatch_book.bench import hf_baselines as hf
 from dispatch.kernels.gemv import FEW_EXPERTS, DecodeConfig, default_config, moe_decode
 from dispatch.reference import experts_reference, route_reference
 
@@ -137,7 +138,7 @@ def measure(name: str, tokens, dev, dtype, configs=None, log=print) -> list[dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dispatch.kernels.bench_decode")
+    p = argparse.ArgumentParser(prog="python -m dispatch_book.bench.decode")
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--tune", action="store_true", help="time tile candidates first and use the best")

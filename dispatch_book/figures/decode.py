@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 from dispatch.arithmetic import H200_HBM_BPS
-from dispatch.plots import color
+from dispatch_book.figures import color
 
 LABELS = {"ours": "ours (moe_decode)", "ours_graph": "ours, CUDA graph", "ours_wide": "ours, wide tiles",
           "batched_mm": "transformers batched_mm", "grouped_mm": "transformers grouped_mm",

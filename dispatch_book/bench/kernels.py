@@ -1,13 +1,13 @@
 """Benchmark of the routed experts: transformers' three implementations against ours, same inputs.
 
-    python -m dispatch.bench kernels [--shapes olmoe-1b-7b,...] [--tokens 1,8,...] [--quick]
+    python -m dispatch_book.bench kernels [--shapes olmoe-1b-7b,...] [--tokens 1,8,...] [--quick]
 
 For each shape and token count the routing is computed once and given to every contestant; the
 timed call is the experts part (plus the shared expert in torch, for every contestant alike, where
 the layer has one). ``ours_grouped`` is ``moe_experts``, ``ours_decode`` chapter 3's kernels
 (T ≤ 64), ``ours_persistent`` the persistent schedule (T ≥ 256). ``ours_layer`` times our whole
 layer (router + routing kernel + sort + experts, the path ``moe`` picks) as a separate column. Ours is checked against the reference before it is timed. Rows are saved
-with ``dispatch.bench.save("kernels", rows)`` to ``results/<gpu>/kernels.json``.
+with ``dispatch_book.bench.save("kernels", rows)`` to ``results/<gpu>/kernels.json``.
 """
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import math
 
 import torch
 
-from dispatch import bench, runtime
+from dispatch import runtime
+from dispatch_book import bench
 from dispatch.arithmetic import H200_BF16_FLOPS, H200_HBM_BPS
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import gemm_config as gc
 from dispatch.kernels import grouped_gemm as gg
-from dispatch.kernels import hf_baselines as hf
+from dispatch_book.bench import hf_baselines as hf
 from dispatch.reference import experts_reference, route_reference, router_logits, shared_reference
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "deepseek-moe-16b", "qwen3-30b-a3b")
@@ -165,7 +166,7 @@ def sweep(shape: str, tokens, dev, dtype, log=print) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dispatch.bench kernels")
+    p = argparse.ArgumentParser(prog="python -m dispatch_book.bench kernels")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated PRESETS names")
     p.add_argument("--tokens", default=None, help="comma-separated token counts")
     p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS}, shorter timing")
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _save(rows, a, argv, dtype):
-    cmd = "python -m dispatch.bench kernels " + " ".join(argv or [])
+    cmd = "python -m dispatch_book.bench kernels " + " ".join(argv or [])
     return bench.save("kernels_sweep" if a.sweep else "kernels", rows, command=cmd.strip(), extra={
         "dtype": str(dtype).replace("torch.", ""), "tolerance_rel": TOLERANCE,
         "ceilings": {"bf16_flops": H200_BF16_FLOPS, "hbm_bytes_per_s": H200_HBM_BPS}})

@@ -1,11 +1,11 @@
 """Benchmark of chapter 1: the routing kernel and the token sort against their PyTorch twins.
 
-    python -m dispatch.kernels.bench_routing [--shapes olmoe-1b-7b,...] [--tokens 1,16,...] [--block-m 64]
+    python -m dispatch_book.bench.routing [--shapes olmoe-1b-7b,...] [--tokens 1,16,...] [--block-m 64]
 
 For each layer shape (E experts, top-K, its routing family) and token count T, times
 ``route`` vs ``route_torch`` (the reference router), ``sort_by_expert`` vs ``sort_by_expert_torch``,
 and the two chained (``route+sort``). Ours is checked against the twin before it is timed.
-Rows go to ``results/<gpu>/routing_sort.json`` via ``dispatch.bench.save``.
+Rows go to ``results/<gpu>/routing_sort.json`` via ``dispatch_book.bench.save``.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pathlib
 
 import torch
 
-from dispatch import bench, runtime
+from dispatch import runtime
+from dispatch_book import bench
 from dispatch.config import PRESETS
 from dispatch.kernels.routing import route, route_torch
 from dispatch.kernels.sort import sort_by_expert, sort_by_expert_torch

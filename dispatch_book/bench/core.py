@@ -5,7 +5,7 @@
 ``save(name, rows, ...)`` writes ``results/<gpu-slug>/<name>.json`` with the GPU name, versions,
 git commit, date and the command; ``load(name)`` finds the newest recorded file for a chapter.
 
-CLI: ``python -m dispatch.bench SUITE [args]`` runs a registered suite (``kernels``, ...).
+CLI: ``python -m dispatch_book.bench SUITE [args]`` runs a registered suite (``kernels``, ...).
 """
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ import torch
 
 from dispatch import runtime
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 
 # Suites: name -> module with a ``main(argv)``. A chapter's suite lives next to its code.
 SUITES = {
-    "kernels": "dispatch.kernels.bench_kernels",
-    "routing": "dispatch.kernels.bench_routing",
-    "decode": "dispatch.kernels.bench_decode",
-    "parallel": "dispatch.parallel.bench",
-    "ceilings": "dispatch.bench_ceilings",
+    "kernels": "dispatch_book.bench.kernels",
+    "routing": "dispatch_book.bench.routing",
+    "decode": "dispatch_book.bench.decode",
+    "parallel": "dispatch_book.bench.parallel",
+    "ceilings": "dispatch_book.bench.ceilings",
 }
 
 
@@ -120,7 +120,7 @@ def provenance(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in SUITES:
-        raise SystemExit(f"usage: python -m dispatch.bench {{{','.join(SUITES)}}} [args]")
+        raise SystemExit(f"usage: python -m dispatch_book.bench {{{','.join(SUITES)}}} [args]")
     importlib.import_module(SUITES[argv[0]]).main(argv[1:])
 
 

@@ -1,9 +1,9 @@
-"""The notebook-to-book pipeline: ``python -m dispatch.book`` (what ``make book`` runs).
+"""The notebook-to-book pipeline: ``python -m dispatch_book.build`` (what ``make book`` runs).
 
-    python -m dispatch.book                 execute every chapter in _toc.yml, then build the book
-    python -m dispatch.book -p preset X     ... overriding a parameter (only where a chapter has it)
-    python -m dispatch.book run NB [-p k v] execute one notebook in place (to refresh its outputs)
-    python -m dispatch.book sync            rewrite every chapter's header cells from pyproject.toml
+    python -m dispatch_book.build                 execute every chapter in _toc.yml, then build the book
+    python -m dispatch_book.build -p preset X     ... overriding a parameter (only where a chapter has it)
+    python -m dispatch_book.build run NB [-p k v] execute one notebook in place (to refresh its outputs)
+    python -m dispatch_book.build sync            rewrite every chapter's header cells from pyproject.toml
 
 Chapters are executed with papermill into a staging copy of the book (``_build/src``), so a run on
 a GPU, or with other parameters, never dirties the committed notebooks; jupyter-book then builds
@@ -196,7 +196,7 @@ def build_book(src: pathlib.Path) -> pathlib.Path:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m dispatch.book", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.build", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", nargs="?", default="all", choices=["all", "run", "sync", "build"])
     ap.add_argument("notebooks", nargs="*", help="with 'run': the notebooks to execute in place")

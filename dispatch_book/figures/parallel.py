@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from dispatch.plots import color
+from dispatch_book.figures import color
 
 
 def placement_map(placement, load_E=None, *, title: str = ""):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from dispatch.plots import color
+from dispatch_book.figures import color
 
 LABELS = {"ours_grouped": "ours (grouped GEMM)", "ours_decode": "ours (decode kernels)",
           "ours_layer": "ours, whole layer (router+sort)", "hf_eager": "transformers eager",

@@ -1,0 +1,6 @@
+"""The book's own tooling, beside the library: benchmarks and their recorded results
+(``dispatch_book.bench``), the chapters' figures (``dispatch_book.figures``) and the builder that
+executes the chapters and builds the HTML book (``dispatch_book.build``).
+
+``dispatch`` (the library) never imports this package.
+"""

@@ -1,0 +1,3 @@
+from dispatch_book.bench.core import main
+
+main()
