@@ -84,7 +84,7 @@ def ceilings(gpu: str | None = None) -> dict:
     out = {k: measured.get(k, sheet[k] if sheet else None) for k in KEYS}
     parts = []
     if measured:
-        parts.append(f"{', '.join(k for k in KEYS if k in measured)} measured: {results.provenance(doc)}")
+        parts.append(f"{', '.join(k for k in KEYS if k in measured)} measured: {results.provenance(doc).rstrip('.')}")
     rest = [k for k in KEYS if k not in measured]
     if rest and sheet:
         parts.append(f"{', '.join(rest)} from the {sheet['source']}")
