@@ -18,7 +18,16 @@ import sys
 
 from dispatch_book.bench.harness import rel_err, time_ms  # noqa: F401
 from dispatch_book.bench.peaks import ceilings  # noqa: F401
-from dispatch_book.bench.results import add_output_args, configure, git_commit, gpu_slug, load, provenance, save  # noqa: F401
+from dispatch_book.bench.results import (  # noqa: F401
+    CommitError,
+    add_output_args,
+    configure,
+    git_commit,
+    gpu_slug,
+    load,
+    provenance,
+    save,
+)
 
 # Suites: name -> module with a ``main(argv)``.
 SUITES = {
@@ -47,7 +56,10 @@ def parse(argv: list[str]) -> tuple[str, argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> None:
     suite, common, rest = parse(list(sys.argv[1:] if argv is None else argv))
     configure(out=common.out, allow_dirty=common.allow_dirty)
-    importlib.import_module(SUITES[suite]).main(rest)
+    try:
+        importlib.import_module(SUITES[suite]).main(rest)
+    except CommitError as e:
+        raise SystemExit(f"not saved: {e}") from None
 
 
 if __name__ == "__main__":

@@ -85,17 +85,21 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
+class CommitError(ValueError):
+    """The run's code cannot be named by a clean commit."""
+
+
 def checked_commit(allow_dirty: bool = False, cwd: str | os.PathLike | None = None) -> str:
     """``git_commit()``, or a ValueError when it cannot be trusted (unknown, malformed, or dirty
     without ``allow_dirty``)."""
     commit = git_commit(cwd)
     if commit == "unknown":
-        raise ValueError("cannot tell which commit this run measures: run it from a git checkout, or set "
+        raise CommitError("cannot tell which commit this run measures: run it from a git checkout, or set "
                          "DISPATCH_GIT_COMMIT=<commit> where the tree was copied without .git")
     if not _COMMIT.match(commit):
-        raise ValueError(f"DISPATCH_GIT_COMMIT must be a hex commit id (optionally +dirty), got {commit!r}")
+        raise CommitError(f"DISPATCH_GIT_COMMIT must be a hex commit id (optionally +dirty), got {commit!r}")
     if commit.endswith("+dirty") and not allow_dirty:
-        raise ValueError(f"the package has uncommitted changes ({commit}): commit them first, or pass "
+        raise CommitError(f"the package has uncommitted changes ({commit}): commit them first, or pass "
                          "--allow-dirty (save(..., allow_dirty=True)) to record a run of a dirty tree")
     return commit
 

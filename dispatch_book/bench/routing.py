@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     bench.add_output_args(ap)
     args = ap.parse_args(argv)
+    bench.results.checked_commit(args.allow_dirty)  # refuse before measuring, not after
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
     rows = measure(args.device, shapes=args.shapes.split(","), tokens=tokens, block_m=args.block_m)
     path = bench.save("routing_sort", rows, out=args.out, allow_dirty=args.allow_dirty)
