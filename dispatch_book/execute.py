@@ -33,9 +33,11 @@ def params_for(nb_path: pathlib.Path, overrides: dict, *, strict: bool) -> dict:
 
 
 def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | None = None, *,
-            strict: bool = True, root: pathlib.Path | None = None, env: dict | None = None) -> float:
+            strict: bool = True, root: pathlib.Path | None = None, env: dict | None = None,
+            cell_timeout: float | None = None) -> float:
     """Execute one notebook with papermill into ``out_path``; returns seconds. Raises SystemExit
-    naming the notebook and the failing cell (the executed copy keeps the traceback)."""
+    naming the notebook and the failing cell (the executed copy keeps the traceback). ``env``: extra
+    environment of the kernel; ``cell_timeout``: seconds a cell may run."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -45,7 +47,7 @@ def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | Non
     t0 = time.time()
     try:
         papermill.execute_notebook(str(nb_path), str(out_path), parameters=params, kernel_name="python3",
-                                   cwd=str(nb_path.parent), progress_bar=False)
+                                   cwd=str(nb_path.parent), progress_bar=False, execution_timeout=cell_timeout)
     except PapermillExecutionError as e:
         raise SystemExit(f"\n{_rel(nb_path, root)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
                          f"(executed copy with the traceback: {out_path})") from None

@@ -19,6 +19,7 @@ import time
 
 T4_MEMORY_BYTES = 15e9
 T4_SHARED_BYTES = 65536
+CELL_TIMEOUT_S = 600  # a hung cell is recorded as a failure, and the run goes on
 
 
 def _first_cell(budget: str) -> str:
@@ -66,7 +67,7 @@ def run_chapter(nb_path: pathlib.Path, work: pathlib.Path, budget: str) -> dict:
     row = {"chapter": nb_path.stem, "budget": budget, "params": params, "ok": False, "error": None}
     t0 = time.time()
     try:
-        execute.execute(src, work / nb_path.name, params, strict=False, env=env)
+        execute.execute(src, work / nb_path.name, params, strict=False, env=env, cell_timeout=CELL_TIMEOUT_S)
         row["ok"] = True
     except SystemExit as e:  # a failing cell: execute() names it
         row["error"] = str(e).strip()

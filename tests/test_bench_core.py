@@ -195,3 +195,23 @@ def test_cli_out_reaches_save(tmp_path, monkeypatch, commit):
 def test_command_line_drops_out():
     cmd = results.command_line(["prog.py", "kernels", "--out", "results", "--quick", "--out=x"])
     assert "--out" not in cmd and "results" not in cmd and cmd.endswith("kernels --quick")
+
+
+@pytest.mark.gpu
+def test_time_ms_graph_replays_the_captured_work():
+    import torch
+
+    counter = torch.zeros((), device="cuda")
+    t = bench.time_ms(lambda: counter.add_(1), graph=True, warmup=2, rep=5)
+    assert t["samples"] >= 1 and 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"]
+    assert counter.item() >= t["samples"] + 1, "replays of the graph ran the captured add"
+
+
+@pytest.mark.gpu
+def test_ceilings_measure_small_on_a_gpu():
+    rows = peaks.measure(copy_bytes=1 << 26, read_bytes=1 << 26, n=1024)
+    assert [r["ceiling"] for r in rows][:2] == ["hbm_copy", "hbm_read"] and rows[2]["ceiling"].endswith("_matmul")
+    assert rows[0]["bytes"] == 2 << 26 and rows[1]["bytes"] == 1 << 26
+    assert all(r.get("GBps", r.get("TFLOPs")) > 0 for r in rows)
+    c = bench.ceilings()  # the GPU here: measured file or datasheet, never an error for a known GPU
+    assert set(c) == {"hbm_copy_gbps", "hbm_read_gbps", "bf16_tflops", "source"}
