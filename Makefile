@@ -59,6 +59,8 @@ gpu-wheels:
 test-gpu: $(STAMP)
 	$(PY) -m pytest tests -m gpu $(ARGS)
 
+# A benchmark suite, e.g. make bench ARGS="kernels --out results" (without --out the file goes to
+# the scratch folder _build/results, never over the recordings the book reads).
 bench: $(STAMP)
 	$(PY) -m dispatch_book.bench $(ARGS)
 

@@ -187,11 +187,12 @@ def main(argv=None) -> None:
 
     from tqdm import tqdm
 
-    sync()
-    src = stage()
     nbs = chapters()
     if args.command == "all":
-        check_overrides(nbs, overrides)
+        check_overrides(nbs, overrides)  # before anything is written
+    sync()
+    src = stage()
+    if args.command == "all":
         bar = tqdm(nbs, desc="chapters", unit="nb", file=sys.stdout)
         for nb in bar:
             bar.set_postfix_str(nb.name)
