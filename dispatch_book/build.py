@@ -7,6 +7,7 @@
     python -m dispatch_book.build --gpu [--t4-budget] [--out DIR]
                                                   every chapter on this GPU with its "auto" parameters,
                                                   timed → DIR/<gpu>/book_gpu.json (make book-gpu)
+    python -m dispatch_book.build gpu NB [NB ...] [--t4-budget] [--out DIR]   ... only these chapters
 
 The builder works on a checkout of the repository: the one around the current directory, or
 ``--root DIR``. Chapters are executed with papermill into a staging copy of the book
@@ -139,8 +140,8 @@ def _parse_value(v: str):
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dispatch_book.build", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", nargs="?", default="all", choices=["all", "run", "sync", "build"])
-    ap.add_argument("notebooks", nargs="*", help="with 'run': the notebooks to execute")
+    ap.add_argument("command", nargs="?", default="all", choices=["all", "run", "sync", "build", "gpu"])
+    ap.add_argument("notebooks", nargs="*", help="with 'run': the notebooks to execute; with --gpu: only these")
     ap.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="override a parameter (YAML value): in every chapter that declares it")
     ap.add_argument("--root", help="the repository checkout (default: the one around the current directory)")
@@ -175,12 +176,13 @@ def main(argv=None) -> None:
                 raise SystemExit(str(e)) from None
             print(f"  done in {secs:.0f} s; outputs refreshed")
         return
-    if args.gpu:
+    if args.gpu or args.command == "gpu":
         from dispatch_book import gpu_book
 
         if overrides:
             raise SystemExit("--gpu runs the chapters with their \"auto\" parameters: no -p")
-        path = gpu_book.run(chapters(), build_dir(), t4_budget=args.t4_budget, out=args.out,
+        chosen = [pathlib.Path(n).resolve() for n in args.notebooks] or chapters()
+        path = gpu_book.run(chosen, build_dir(), t4_budget=args.t4_budget, out=args.out,
                             allow_dirty=args.allow_dirty)
         print(f"wrote {path}")
         return

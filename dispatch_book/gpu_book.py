@@ -5,8 +5,8 @@ notebooks) with two cells injected: a first one that resets the peak-memory coun
 T4 budget, caps the process at 15 GB with ``torch.cuda.set_per_process_memory_fraction``) and a
 last one that writes ``torch.cuda.max_memory_allocated()`` read inside the kernel. One row per
 chapter goes to ``<out>/<gpu>/book_gpu.json``: chapter, budget, ok, seconds, peak GPU bytes, the
-parameters and the error text. Rows of the other budget from the same commit are kept, so the
-file holds both runs.
+parameters and the error text. Rows of other chapters or the other budget recorded from the same
+commit are kept, so runs of a few chapters at a time add up to one file with both budgets.
 
 The T4 budget (``--t4-budget``): fp16 (``-p dtype float16`` where a chapter has ``dtype``), 15 GB
 of GPU memory, and tiles fitted to a T4's 64 KiB of shared memory (``DISPATCH_MAX_SHARED_BYTES``).
@@ -82,8 +82,8 @@ def run_chapter(nb_path: pathlib.Path, work: pathlib.Path, budget: str) -> dict:
 
 def run(chapters: list[pathlib.Path], build: pathlib.Path, *, t4_budget: bool = False, out=None,
         require_cuda: bool = True, allow_dirty: bool = False) -> pathlib.Path:
-    """Run every chapter in one budget, print a line each, and save ``book_gpu`` (merged with the
-    other budget's rows of the same commit)."""
+    """Run the chapters in one budget, print a line each, and save ``book_gpu`` (merged with the
+    rows of other chapters and budgets recorded from the same commit)."""
     import torch
 
     from dispatch_book.bench import results
@@ -105,7 +105,8 @@ def run(chapters: list[pathlib.Path], build: pathlib.Path, *, t4_budget: bool = 
     if old_path.exists():
         old = json.loads(old_path.read_text())
         if old.get("git_commit") == commit:
-            rows = [r for r in old["rows"] if r.get("budget") != budget] + rows
+            done = {(r["chapter"], r["budget"]) for r in rows}
+            rows = [r for r in old["rows"] if (r.get("chapter"), r.get("budget")) not in done] + rows
     return results.save("book_gpu", rows, out=out, allow_dirty=allow_dirty,
                         extra={"t4_budget": {"dtype": "float16", "memory_bytes": T4_MEMORY_BYTES,
                                              "max_shared_bytes": T4_SHARED_BYTES}})

@@ -162,6 +162,9 @@ def test_gpu_run_records_rows_per_chapter_with_peak_memory_and_errors(tmp_path, 
     assert "65536" in executed and "set_per_process_memory_fraction" in executed
     assert "set_per_process_memory_fraction" not in (tmp_path / "_build" / "gpu" / "full" / "a_good.ipynb").read_text()
     assert good.read_text().count("injected") == 0, "the chapters themselves are never changed"
+    gpu_book.run([good], tmp_path / "_build", out=tmp_path / "res", require_cuda=False)  # one chapter again
+    again = json.loads(path.read_text())["rows"]
+    assert len(again) == 4 and sum(r["chapter"] == "a_good" and r["budget"] == "full" for r in again) == 1
 
 
 def test_build_finds_the_checkout_from_the_current_directory(tmp_path, monkeypatch):
