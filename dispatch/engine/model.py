@@ -13,6 +13,8 @@ Families: OLMoE (q/k RMSNorm over all heads), Mixtral (none), Qwen3-MoE (per-hea
 Qwen2-MoE (QKV biases, gated shared expert, dense MLP layers). DeepSeek-V3's latent attention is
 not written here: run it through transformers with the ``"dispatch"`` experts backend.
 
+On CUDA the norms, residual adds, q/k norms, RoPE and cache writes run as two fused kernels
+(:mod:`dispatch.engine.fused`); on CPU as their torch twins (transformers' ops, one for one).
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
 Cache: ``k_LBSkD`` / ``v_LBSkD`` [L, B, S, kv, D]; rows of a batch may sit at different positions.
 """
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dispatch.config import MoEConfig, MoEWeights
+from dispatch.engine.fused import add_rms, add_rms_torch, qk_rope, qk_rope_torch
 
 FAMILIES = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe")
 
@@ -41,35 +44,24 @@ class LeanConfig:
     qk_norm: str  # "none" | "full" (over all heads, OLMoE) | "head" (per head, Qwen3)
 
 
-def _rms(x, w, eps):
-    """transformers' RMSNorm, op for op (fp32 statistics, cast back, then the weight)."""
-    dt = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return w * x.to(dt)
-
-
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class LeanModel(torch.nn.Module):
     """``forward(ids_BS, pos_BS, cache, *, prefill)`` → logits [B, S, V] (the model's dtype)."""
 
     def __init__(self, cfg: LeanConfig, layers: list[dict], embed, norm, lm_head, inv_freq, rope_scale,
-                 moe_cfgs: list[MoEConfig | None], moe_path: str):
+                 moe_cfgs: list[MoEConfig | None], moe_path: str, fused: bool):
         super().__init__()
         self.cfg, self.layers, self.moe_cfgs, self.moe_path = cfg, layers, moe_cfgs, moe_path
+        self.fused = fused
         self.embed, self.norm, self.lm_head = embed, norm, lm_head
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
 
     @classmethod
-    def from_hf(cls, model, *, moe_path: str | None = None) -> "LeanModel":
+    def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None) -> "LeanModel":
         """From an ``*ForCausalLM`` of a family in :data:`FAMILIES` (weights shared, QKV fused).
 
         ``moe_path``: the :func:`dispatch.moe` path; default "auto" on CUDA (decode kernels for
-        few tokens, grouped GEMM above), "torch" on CPU (the interpreter only when asked)."""
+        few tokens, grouped GEMM above), "torch" on CPU (the interpreter only when asked).
+        ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops."""
         from dispatch.hf import config_from_hf, weights_from_hf
 
         c = model.config
@@ -78,6 +70,8 @@ class LeanModel(torch.nn.Module):
                              "run it through transformers with the 'dispatch' experts backend")
         if moe_path is None:
             moe_path = "torch" if model.device.type == "cpu" else "auto"
+        if fused is None:
+            fused = model.device.type == "cuda"
         base = model.model
         rope = base.rotary_emb
         if getattr(rope, "rope_type", "default") not in ("default", "linear"):
@@ -108,7 +102,8 @@ class LeanModel(torch.nn.Module):
                     moe_cfgs.append(None)
                 layers.append(d)
         return cls(cfg, layers, base.embed_tokens.weight, base.norm.weight, model.lm_head.weight,
-                   rope.inv_freq.float(), float(getattr(rope, "attention_scaling", 1.0)), moe_cfgs, moe_path)
+                   rope.inv_freq.float().contiguous(), float(getattr(rope, "attention_scaling", 1.0)), moe_cfgs,
+                   moe_path, fused)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -125,11 +120,6 @@ class LeanModel(torch.nn.Module):
         return (torch.zeros(shape, dtype=self.dtype, device=self.device),
                 torch.zeros(shape, dtype=self.dtype, device=self.device))
 
-    def _rope(self, pos_BS, dt):
-        freqs = pos_BS[..., None].float() * self.inv_freq.to(pos_BS.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.rope_scale).to(dt)[:, :, None], (emb.sin() * self.rope_scale).to(dt)[:, :, None]
-
     def _mlp(self, i: int, x_TH):
         d = self.layers[i]
         if "mlp" in d:
@@ -145,41 +135,30 @@ class LeanModel(torch.nn.Module):
         stores at, and attends to positions ≤, ``pos_BS[b, 0]``."""
         c = self.cfg
         B, S = ids_BS.shape
+        add_norm, qk = (add_rms, qk_rope) if self.fused else (add_rms_torch, qk_rope_torch)
         k_cache, v_cache = cache
-        x = F.embedding(ids_BS, self.embed)
-        cos, sin = self._rope(pos_BS, x.dtype)
-        nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        x = F.embedding(ids_BS.reshape(-1), self.embed)  # the residual stream [T, H], updated in place
+        pos_T = pos_BS.reshape(-1)
+        gqa = c.num_kv_heads != c.num_heads
         if not prefill:
-            rows_B = torch.arange(B, device=x.device)
             keys = torch.arange(k_cache.shape[2], device=x.device)
             mask = (keys[None, :] <= pos_BS[:, :1])[:, None, None, :]  # [B, 1, 1, S_cache]
+        delta = None
         for i, d in enumerate(self.layers):
-            h = _rms(x, d["in_norm"], c.eps)
+            h = add_norm(x, delta, d["in_norm"], c.eps)
             qkv = F.linear(h, d["qkv"], d.get("qkv_bias"))
-            q, k, v = qkv.split([nq, nk, nk], dim=-1)
-            if c.qk_norm == "full":
-                q, k = _rms(q, d["q_norm"], c.eps), _rms(k, d["k_norm"], c.eps)
-            q = q.view(B, S, c.num_heads, c.head_dim)
-            k = k.view(B, S, c.num_kv_heads, c.head_dim)
-            v = v.view(B, S, c.num_kv_heads, c.head_dim)
-            if c.qk_norm == "head":
-                q, k = _rms(q, d["q_norm"], c.eps), _rms(k, d["k_norm"], c.eps)
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            q = qk(qkv, pos_T, S, d.get("q_norm"), d.get("k_norm"), c.qk_norm, self.inv_freq, self.rope_scale, c.eps,
+                   k_cache[i], v_cache[i], c.num_heads).view(B, S, c.num_heads, c.head_dim).transpose(1, 2)
             if prefill:
-                k_cache[i, :B, :S] = k
-                v_cache[i, :B, :S] = v
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                   is_causal=True, enable_gqa=c.num_kv_heads != c.num_heads)
+                k, v = k_cache[i, :B, :S].transpose(1, 2), v_cache[i, :B, :S].transpose(1, 2)
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             else:
-                k_cache[i, rows_B, pos_BS[:, 0]] = k[:, 0]
-                v_cache[i, rows_B, pos_BS[:, 0]] = v[:, 0]
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[i, :B].transpose(1, 2),
-                                                   v_cache[i, :B].transpose(1, 2), attn_mask=mask,
-                                                   enable_gqa=c.num_kv_heads != c.num_heads)
-            x = x + F.linear(o.transpose(1, 2).reshape(B, S, nq), d["o"])
-            h = _rms(x, d["post_norm"], c.eps)
-            x = x + self._mlp(i, h.view(B * S, -1)).view(B, S, -1)
-        return F.linear(_rms(x, self.norm, c.eps), self.lm_head)
+                k, v = k_cache[i, :B].transpose(1, 2), v_cache[i, :B].transpose(1, 2)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            a = F.linear(o.transpose(1, 2).reshape(B * S, -1), d["o"])
+            h = add_norm(x, a, d["post_norm"], c.eps)
+            delta = self._mlp(i, h)
+        return F.linear(add_norm(x, delta, self.norm, c.eps), self.lm_head).view(B, S, -1)
 
 
 def moe_weights(model: LeanModel) -> list[MoEWeights]:
