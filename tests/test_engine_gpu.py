@@ -1,8 +1,9 @@
 """The engine and the experts backend on a GPU (bf16 on sm_80+): `pytest -m gpu tests/test_engine_gpu.py`.
 
-Tolerances (bf16): logits within 2% of transformers' largest |logit| (bf16 rounding of different
-but equally valid summation orders); greedy divergences must be near-ties: where our token first
-differs, transformers' own top-2 logits lie within NEAR_TIE of each other.
+Tolerances (bf16): against the same model in fp32, our logits' error is at most twice transformers'
+own bf16 error plus 2^-8 of the largest |logit| (bf16 rounding of equally valid summation orders);
+the lean forward is within 3% of transformers' largest |logit|. Greedy divergences must be
+near-ties: where our token first differs, transformers' own top-2 logits lie within NEAR_TIE.
 """
 import pytest
 import torch
@@ -13,7 +14,7 @@ from dispatch.engine import Engine, LeanModel, SamplingParams, register
 from dispatch.hf import TINY_FAMILIES, tiny_model
 
 pytestmark = pytest.mark.gpu
-LOGIT_TOL = 0.02
+LOGIT_TOL = 0.03
 NEAR_TIE = 0.05  # × max |logit| of that step
 
 
@@ -24,16 +25,18 @@ def on_gpu(model):
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_backend_logits_gpu(family):
     register()
+    exact = tiny_model(family)[1].cuda()
     _, model = tiny_model(family)
     model = on_gpu(model)
     for T in (3, 130):  # the decode kernels, then the grouped GEMM
         ids = torch.randint(0, 128, (1, T), device="cuda", generator=torch.Generator("cuda").manual_seed(T))
         with torch.no_grad():
+            ref32 = exact(ids).logits
             model.set_experts_implementation("eager")
-            ref = model(ids).logits.float()
+            hf_err = (model(ids).logits.float() - ref32).abs().max()
             model.set_experts_implementation("dispatch")
-            ours = model(ids).logits.float()
-        assert (ours - ref).abs().max() <= LOGIT_TOL * ref.abs().max()
+            our_err = (model(ids).logits.float() - ref32).abs().max()
+        assert our_err <= 2 * hf_err + 2**-8 * ref32.abs().max(), (our_err, hf_err)
 
 
 @pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe", "qwen3_moe"])

@@ -73,8 +73,6 @@ def _inv_rms(x, eps, NORM: tl.constexpr, NHEADS, D: tl.constexpr):
 @triton.jit
 def _normed(x, inv, w_ptr, h, cols, hmask, NORM: tl.constexpr, D: tl.constexpr):
     """transformers' RMSNorm output at columns ``cols``: (x·inv → dtype) · w, rounded to dtype."""
-    if NORM == 0:
-        return x
     dt = w_ptr.dtype.element_ty
     if NORM == 1:
         w = tl.load(w_ptr + h * D + cols, mask=hmask, other=0.0).to(tl.float32)
@@ -90,9 +88,10 @@ def _norm_rope(base_ptr, w_ptr, h, d, hmask, cos, sin, eps, NORM: tl.constexpr, 
     partner = tl.where(d < half, d + half, d - half)
     x = tl.load(base_ptr + h * D + d, mask=hmask, other=0.0).to(tl.float32)
     xp = tl.load(base_ptr + h * D + partner, mask=hmask, other=0.0).to(tl.float32)
-    inv = _inv_rms(x, eps, NORM, NHEADS, D) if NORM != 0 else 1.0
-    x = _normed(x, inv, w_ptr, h, d, hmask, NORM, D)
-    xp = _normed(xp, inv, w_ptr, h, partner, hmask, NORM, D)
+    if NORM != 0:
+        inv = _inv_rms(x, eps, NORM, NHEADS, D)
+        x = _normed(x, inv, w_ptr, h, d, hmask, NORM, D)
+        xp = _normed(xp, inv, w_ptr, h, partner, hmask, NORM, D)
     return x * cos + tl.where(d < half, -xp, xp) * sin
 
 

@@ -28,6 +28,7 @@ import torch
 from dispatch import runtime
 from dispatch_book import bench
 
+GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
 # In the order they run (each over every batch size): a spent budget skips the last ones first.
 CONTESTANTS = ("ours", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm", "hf_batched_mm", "hf_eager",
                "hf_compile_static")
@@ -75,6 +76,9 @@ def build(seed: int = 0, **overrides):
 
 
 def _peak_reset():
+    import gc
+
+    gc.collect()  # graphs, caches and engines of the previous contestant
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -153,13 +157,18 @@ def ours(lean, ids, new: int) -> dict:
 
 def profiles(model, lean, B: int) -> list[dict]:
     """Per-step profile of the engine's step, eager then as a graph replay, and transformers' eager step."""
-    from dispatch.engine import Engine
+    from dispatch.engine import Engine, LeanModel
     from dispatch.engine.profile import step_profile
 
     engine = Engine(lean, max_batch=B, max_seq=512)
     engine.generate([[1] * 16] * B, 2)
     rows = [{"what": "ours, eager step", **step_profile(lambda: engine._step(B, True))},
             {"what": "ours, CUDA graph", **step_profile(lambda: engine._run_step(B, True))}]
+    if B == 1:  # the same graph with the glue as torch ops (no fused kernels)
+        unfused = Engine(LeanModel.from_hf(model, fused=False), max_batch=B, max_seq=512)
+        unfused.generate([[1] * 16] * B, 2)
+        rows.append({"what": "ours, CUDA graph, glue as torch ops", **step_profile(lambda: unfused._run_step(B, True))})
+        del unfused
     from transformers import StaticCache
 
     model.set_experts_implementation("dispatch")
@@ -207,7 +216,7 @@ def main(argv=None) -> None:
             left = a.budget_s - (time.perf_counter() - t_start)
             row = {"contestant": name, "batch": B}
             slow = name in ("hf_eager", "hf_compile_static") or (name == "hf_batched_mm" and B > 8)
-            new = min(a.hf_new, a.new) if name.startswith("hf_") and slow else a.new
+            new = min(a.hf_new, a.new) if name in GENERATE else a.new
             if left < (60 if slow else 15):
                 row["skipped"] = f"wall-clock budget ({a.budget_s:.0f} s) spent: {left:.0f} s left"
             elif name == "hf_compile_static" and B > 8:
