@@ -79,7 +79,7 @@ def test_greedy_vs_transformers_generate_bf16():
     model = olmoe_random()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, model.config.vocab_size, (16 + 8 * b,), generator=g).tolist() for b in range(8)]
-    out = Engine(model, max_batch=8, max_seq=96).generate(prompts, 32)
+    out = Engine(model, max_batch=8, max_seq=112).generate(prompts, 32)
     matches, report = 0, []
     for p, ours in zip(prompts, out.tokens, strict=True):
         with torch.no_grad():

@@ -64,10 +64,13 @@ def add_rms_torch(x_TH, d_TH, w_H, eps):
 
 @triton.jit
 def _inv_rms(x, eps, NORM: tl.constexpr, NHEADS, D: tl.constexpr):
-    """1/rms of an [NH, D] tile: over everything (NORM 1, a scalar) or per head (NORM 2, [NH, 1])."""
+    """1/rms of an [NH, D] tile: over everything (NORM 1, [1, 1]) or per head (NORM 2, [NH, 1])."""
+    ss = tl.sum(x * x, 1)[:, None]
     if NORM == 2:
-        return tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
-    return tl.rsqrt(tl.sum(tl.sum(x * x, 1), 0) / (NHEADS * D) + eps)
+        ms = ss / D
+    else:
+        ms = tl.sum(ss, 0)[None, :] / (NHEADS * D)
+    return tl.rsqrt(ms + eps)
 
 
 @triton.jit
