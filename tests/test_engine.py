@@ -181,3 +181,26 @@ def test_cli_generates_python_looking_text():
     text = buf.getvalue()
     assert "decode" in text and "tok/s" in text and rep["new_tokens"][0] >= 1
     assert any(s in rep["texts"][0] for s in ("(", ":", "self", "=", "_"))
+
+
+def test_step_bytes_olmoe_by_hand():
+    """OLMoE-1B-7B at batch 1, bf16: attention 0.54 GB, 8 experts × 16 layers 1.61 GB, lm_head 0.21 GB."""
+    from dispatch.hf import hub_config
+    from dispatch_book.bench.e2e import step_bytes
+
+    cfg = hub_config("allenai/OLMoE-1B-7B-0924", source="embedded")
+    b = step_bytes(cfg, 1, 0, 2)
+    H, L = 2048, 16
+    assert b["attention"] == L * (4 * H * H + 4 * H) * 2  # q, k, v, o + q/k norms + 2 layer norms
+    assert b["experts_and_router"] == L * (8 * 3 * H * 1024 + 64 * H) * 2
+    assert b["lm_head"] == 50304 * H * 2 and b["kv_cache"] == 0
+    assert step_bytes(cfg, 4096, 0, 2)["experts_used_per_layer"] == pytest.approx(64)
+
+
+def test_profile_kinds():
+    from dispatch.engine.profile import kind_of
+
+    assert kind_of("_up_swiglu_kernel") == "experts" and kind_of("_route_kernel") == "router"
+    assert kind_of("fmha_cutlassF_bf16_aligned_64x128") == "attention"
+    assert kind_of("nvjet_tst_64x8_64x16_2x1_v_bz_TNT") == "projections (GEMV/GEMM)"
+    assert kind_of("_add_rms_kernel") == "norms, rope, elementwise"

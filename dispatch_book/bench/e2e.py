@@ -50,7 +50,7 @@ def step_bytes(cfg, B: int, ctx: float, itemsize: int) -> dict:
     H, L, E, K, I = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok, \
         cfg.intermediate_size
     kv = cfg.num_key_value_heads * (H // cfg.num_attention_heads)
-    attn = L * (2 * H * H + 2 * H * kv + 2 * H + 2 * kv + 2 * H) * itemsize
+    attn = L * (2 * H * H + 2 * H * kv + 3 * H + kv) * itemsize  # q, o, k, v; 2 layer norms, q and k norms
     used = E * (1 - (1 - K / E) ** B)  # distinct experts B uniform tokens touch
     experts = L * (used * 3 * H * I + E * H) * itemsize
     head = cfg.vocab_size * H * itemsize
