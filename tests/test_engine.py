@@ -93,6 +93,13 @@ def test_lean_forward_matches_transformers(family):
     assert close(pre, ref[:, :8]) and close(step[:, 0], ref[:, 8])
 
 
+def test_engine_refuses_past_the_sliding_window():
+    _, model = tiny_model("mixtral", sliding_window=16)
+    Engine(model, max_seq=16)
+    with pytest.raises(ValueError, match="sliding window"):
+        Engine(model, max_seq=17)
+
+
 def test_lean_rejects_latent_attention():
     _, model = tiny_model("deepseek_v3")
     with pytest.raises(ValueError, match="dispatch' experts backend"):

@@ -64,6 +64,10 @@ class Engine:
         self.dev = self.model.device
         if max_seq < 2:
             raise ValueError(f"max_seq must be >= 2, got {max_seq}")
+        window = self.model.cfg.sliding_window
+        if window is not None and max_seq > window:
+            raise ValueError(f"max_seq={max_seq} exceeds the model's sliding window ({window}): the lean "
+                             "forward attends to the whole cache")
         self.max_batch, self.max_seq = bucket(max_batch), max_seq
         self.graphs = self.dev.type == "cuda" if graphs is None else graphs
         if self.graphs and self.dev.type != "cuda":

@@ -42,6 +42,7 @@ class LeanConfig:
     vocab_size: int
     eps: float
     qk_norm: str  # "none" | "full" (over all heads, OLMoE) | "head" (per head, Qwen3)
+    sliding_window: int | None = None  # attention span, if the family limits it (Mixtral, Qwen)
 
 
 class LeanModel(torch.nn.Module):
@@ -79,8 +80,11 @@ class LeanModel(torch.nn.Module):
         heads, kv = c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         qk = {"olmoe": "full", "qwen3_moe": "head"}.get(c.model_type, "none")
+        window = getattr(c, "sliding_window", None)
+        if c.model_type != "mixtral" and not getattr(c, "use_sliding_window", False):
+            window = None
         cfg = LeanConfig(c.model_type, c.num_hidden_layers, c.hidden_size, heads, kv, head_dim, c.vocab_size,
-                         float(c.rms_norm_eps), qk)
+                         float(c.rms_norm_eps), qk, window)
         layers, moe_cfgs = [], []
         with torch.no_grad():
             for layer in base.layers:
