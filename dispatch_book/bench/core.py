@@ -37,6 +37,7 @@ SUITES = {
     "parallel": "dispatch_book.bench.parallel",
     "ceilings": "dispatch_book.bench.peaks",
     "balance_study": "dispatch_book.bench.balance_study",
+    "e2e": "dispatch_book.bench.e2e",
 }
 
 
