@@ -194,7 +194,6 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the end-to-end benchmark runs on a CUDA GPU")
-    import pathlib
 
     from dispatch.engine import LeanModel, register
 
