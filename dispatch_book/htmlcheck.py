@@ -11,8 +11,9 @@ It reads every page's article (the theme's navigation and buttons are left out) 
   held to the same limit as code: its last columns are often the conclusion (a verdict, a unit).
 * **figures drawn below 70% of their width**: an image in a cell's output whose CSS width (the
   ``width`` attribute, else the PNG's pixel width read from the file or the data URI) exceeds the
-  740 px column by more than 1/0.7, i.e. is wider than ``COLUMN_PX / MIN_SCALE`` = 1057 px; its labels
-  and legend are then drawn at under 70% of the size they were made at.
+  676 px a cell's output area has at a 1280 px window by more than 1/0.7, i.e. is wider than
+  ``COLUMN_PX / MIN_SCALE`` = 965 px; its labels and legend are then drawn at under 70% of the size
+  they were made at.
 * **words about how the book was made** (``WORDS``, case-insensitive, whole words), anywhere in the
   article: prose, code and outputs.
 
@@ -32,7 +33,7 @@ from html.parser import HTMLParser
 
 CODE_CHARS = 88
 OUTPUT_CHARS = 88
-COLUMN_PX = 740
+COLUMN_PX = 676
 MIN_SCALE = 0.7
 WORDS = re.compile(r"shared/|\b(?:the issue|issues|switchyard|tickets?|helpers?|the lead)\b", re.IGNORECASE)
 _BLOCKS = {"div", "p", "pre", "li", "td", "th", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "br", "section", "dt", "dd"}

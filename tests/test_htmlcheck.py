@@ -73,7 +73,7 @@ def test_code_outside_the_article_is_not_checked(tmp_path):
     assert kinds(page(tmp_path, cell(), chrome="<pre>" + "x" * 200 + "</pre>")) == []
 
 
-@pytest.mark.parametrize("width, bad", [(1000, False), (1057, False), (1100, True), (1710, True)])
+@pytest.mark.parametrize("width, bad", [(900, False), (965, False), (990, True), (1710, True)])
 def test_figures_wider_than_the_column_over_0_7_fail(tmp_path, width, bad):
     (tmp_path / "_images").mkdir()
     (tmp_path / "_images" / "fig.png").write_bytes(png(width))
