@@ -1,7 +1,9 @@
 """The two header cells every chapter starts with, written by ``python -m dispatch_book.build sync``.
 
 Cell 1: the title and the *Open in Colab* badge. Cell 2: the Colab install cell. The repository's
-address lives in one place, ``[project.urls] Repository`` of pyproject.toml.
+address lives in one place, ``[project.urls] Repository`` of pyproject.toml; the badge, the install
+cell and the book's launch buttons (``repository.branch`` in _config.yml) all use the release tag
+``v<version>``, so the notebook Colab opens matches the package it installs.
 
 The install cell is light on purpose: Colab already has torch (with its triton), numpy,
 matplotlib, tqdm and ipywidgets, and our ``torch>=2.11`` requirement must never make pip replace
@@ -49,7 +51,7 @@ def colab_deps(root: pathlib.Path) -> list[str]:
 def badge_source(root: pathlib.Path, nb_path: pathlib.Path, title: str) -> str:
     slug = repo_url(root).removeprefix("https://github.com/")
     rel = nb_path.resolve().relative_to(root).as_posix()
-    link = f"https://colab.research.google.com/github/{slug}/blob/main/{rel}"
+    link = f"https://colab.research.google.com/github/{slug}/blob/{pinned_ref(root)}/{rel}"
     return f"# {title}\n\n[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({link})"
 
 
@@ -71,6 +73,8 @@ def sync(root: pathlib.Path, paths=None) -> list[pathlib.Path]:
     cfg_path = root / "_config.yml"
     cfg = cfg_path.read_text()
     new_cfg = re.sub(r"(?m)^(repository:\n  url: ).*$", lambda m: m.group(1) + repo_url(root), cfg)
+    # the launch buttons (Colab, Binder) open the chapters at the tag the install cell installs
+    new_cfg = re.sub(r"(?m)^(repository:\n(?:  .*\n)*?  branch: ).*$", lambda m: m.group(1) + pinned_ref(root), new_cfg)
     if new_cfg != cfg:
         cfg_path.write_text(new_cfg)
         changed.append(cfg_path)
