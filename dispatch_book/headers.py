@@ -56,12 +56,12 @@ def badge_source(root: pathlib.Path, nb_path: pathlib.Path, title: str) -> str:
 
 
 def install_source(root: pathlib.Path) -> str:
-    pkg = f"dispatch @ git+{repo_url(root)}@{pinned_ref(root)}"
     deps = " ".join(f'"{d}"' for d in colab_deps(root))
-    return ("# Colab only: install the package, keeping Colab's own torch (elsewhere `make book` did it).\n"
-            "import sys\n"
+    return ("# Colab only: install the package, keep Colab's torch (`make book` did it elsewhere).\n"
+            "import sys\n\n"
             "if \"google.colab\" in sys.modules:\n"
-            f"    !pip install -q --no-deps \"{pkg}\"\n"
+            f"    PKG = \"git+{repo_url(root)}@{pinned_ref(root)}\"\n"
+            "    !pip install -q --no-deps \"dispatch @ {PKG}\"\n"
             f"    !pip install -q {deps}")
 
 
@@ -92,7 +92,10 @@ def sync(root: pathlib.Path, paths=None) -> list[pathlib.Path]:
         if len(nb.cells) < 2 or nb.cells[1].cell_type != "code" or "colab" not in nb.cells[1].source.lower():
             raise ValueError(f"{p.name}: the second cell must be the Colab install cell (a code cell with 'colab')")
         nb.cells[1].source = install_source(root)
-        nb.cells[1].metadata.setdefault("tags", [])
+        # Colab-only plumbing: hidden in the web book, where it would stand before the first sentence
+        tags = nb.cells[1].metadata.setdefault("tags", [])
+        if "remove-cell" not in tags:
+            tags.append("remove-cell")
         nb.metadata["accelerator"] = "GPU"
         nb.metadata.setdefault("colab", {})["gpuType"] = "T4"
         nb.metadata.setdefault("colab", {})["provenance"] = []
