@@ -1,0 +1,66 @@
+"""Functions the parallel tests run on every rank (imported by name in the spawned processes)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from dispatch.config import MoEConfig, random_weights
+from dispatch.moe import MoELayer
+from dispatch.parallel import Placement, dispatch, parallelize
+
+
+def rank_behaviour(bad_rank: int, how: str):
+    """Rank ``bad_rank`` misbehaves in one way ``how``; the others join an all_reduce it never joins
+    (or, for "hang_in_collective", return at once while it waits in one)."""
+    rank = dist.get_rank()
+    if rank == bad_rank:
+        if how == "raise":
+            raise ValueError(f"boom from rank {rank}")
+        if how == "exit":
+            os._exit(3)
+        if how == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if how == "hang":
+            time.sleep(600)
+        if how == "hang_in_collective":
+            dist.all_reduce(torch.ones(1))
+        if how == "unpicklable":
+            return lambda: None
+    if how == "hang_in_collective":
+        return "done"
+    dist.all_reduce(torch.ones(1))
+    return "unreachable"
+
+
+def big_result(megabytes: int) -> torch.Tensor:
+    """A result larger than a pipe's buffer: it must come back whole."""
+    return torch.full((megabytes * 2**18,), float(dist.get_rank()))
+
+
+def bad_routing(cfg: MoEConfig) -> list[str]:
+    """The ValueErrors of the layer and of dispatch for bad ids and shapes (nothing sent)."""
+    ep = parallelize(MoELayer(cfg, random_weights(cfg, seed=0)))
+    x, K, E, msgs = torch.zeros(3, cfg.hidden_size), cfg.top_k, cfg.num_experts, []
+    ones = torch.ones(3, K)
+    for w_TK, ids_TK in [(ones, torch.full((3, K), E)), (ones, torch.full((3, K), -1)),
+                         (torch.ones(3, K + 1), torch.zeros(3, K, dtype=torch.long)),
+                         (torch.ones(3, K + 1), torch.zeros(3, K + 1, dtype=torch.long)),
+                         (ones, torch.zeros(3, K))]:
+        for call in (lambda: ep.experts(x, w_TK, ids_TK), lambda: dispatch(x, w_TK, ids_TK, ep.placement)):
+            try:
+                call()
+                msgs.append("accepted")
+            except ValueError as exc:
+                msgs.append(str(exc))
+    return msgs
+
+
+def mismatched_config(cfg: MoEConfig) -> None:
+    """Every rank builds a layer, but the last rank asks for one more expert per token."""
+    R = dist.get_world_size()
+    mine = cfg.replace(top_k=cfg.top_k + 1) if dist.get_rank() == R - 1 else cfg
+    parallelize(MoELayer(mine, random_weights(mine, seed=0)), Placement.contiguous(cfg.num_experts, R))
