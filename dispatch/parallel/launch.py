@@ -21,6 +21,7 @@ every rank is terminated (then killed), within ``timeout_s`` + about a second of
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import hashlib
 import os
 import pathlib
@@ -69,6 +70,8 @@ def _entry(rank, world_size, port, backend, timeout_s, payload, sys_path, run_di
         write(tmp)
         tmp.rename(run_dir / f"rank{rank}.{suffix}")  # atomic: the launcher never sees half a file
 
+    stack_file = open(run_dir / f"rank{rank}.stack", "w")  # noqa: SIM115  (open until the process ends)
+    faulthandler.register(signal.SIGUSR1, file=stack_file)  # the launcher asks where a late rank is
     try:
         fn, args, kwargs = pickle.loads(payload)
         if backend == "nccl":
@@ -147,8 +150,7 @@ def _collect(procs, run_dir: pathlib.Path, timeout_s: float) -> list:
             break
         if now > deadline:
             late = [r for r in range(R) if r not in done and r not in failed]
-            for r in late:
-                failed[r] = ("own", time.time(), f"did not finish within timeout_s={timeout_s:g} s")
+            failed.update(_where(procs, late, run_dir, timeout_s))
             break
         for r, p in enumerate(procs):
             if r in done or r in failed:
@@ -170,6 +172,28 @@ def _collect(procs, run_dir: pathlib.Path, timeout_s: float) -> list:
         others = "".join(f"\n  also rank {r}: {failed[r][2].splitlines()[0][:200]}" for r in order[1:])
         raise RankError(f"rank {first} of {R} {failed[first][2].rstrip()}{others}")
     return [torch.load(done[r], weights_only=False) for r in range(R)]
+
+
+def _where(procs, late, run_dir: pathlib.Path, timeout_s: float) -> dict:
+    """Late ranks' innermost Python frames (faulthandler, on SIGUSR1): a rank waiting inside
+    torch.distributed is the symptom; one stuck anywhere else is the cause."""
+    for r in late:
+        if procs[r].is_alive():
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    time.sleep(0.3)
+    out = {}
+    for r in late:
+        path = run_dir / f"rank{r}.stack"
+        frames = [ln.strip() for ln in (path.read_text() if path.exists() else "").splitlines()
+                  if ln.strip().startswith("File ")]
+        waiting = bool(frames) and "torch/distributed" in frames[0]
+        where = f"; it was {'waiting in a collective' if waiting else 'at'}: {frames[0]}" if frames else ""
+        if waiting:
+            user = [f for f in frames if "torch/distributed" not in f]
+            where += f" (called from {user[0]})" if user else ""
+        out[r] = ("collective" if waiting else "own", time.time(),
+                  f"did not finish within timeout_s={timeout_s:g} s{where}")
+    return out
 
 
 def _end(procs) -> None:
