@@ -165,3 +165,38 @@ def step_final(case: Case) -> dict:
     others = [d for d in range(R) if d != rank]
     res.update(tokens_sent=int(sends_TR[:, others].sum()), pairs_sent=int((dest_TK != rank).sum()))
     return res
+
+
+def p2p_simulated(case: Case, placement: Placement, rounds: int = 2, identity: bool = False, config=None):
+    """The peer-to-peer kernels with all R ranks in one process (Triton's interpreter on CPU):
+    every rank sends, every rank waits, computes its experts (or, ``identity``, returns each routed
+    row as its token: the benchmark's round trip), sends back; ``rounds`` times (the second checks
+    that the flags were reset). Returns (y per rank, the one-device result, slices, transports)."""
+    from dispatch.parallel.p2p import P2PTransport
+
+    x, wt, ids, w = case_inputs(case)
+    R, toks, K = placement.num_ranks, case.tokens_R, case.cfg.top_k
+    sl = [slice(sum(toks[:r]), sum(toks[:r + 1])) for r in range(R)]
+    kw = {"config": config} if config is not None else {}
+    ts = P2PTransport.simulated(case.cfg, placement, max_tokens=max(max(toks), 1), dtype=x.dtype, **kw)
+    tiles = pinned_config("cpu")
+    for _ in range(rounds):
+        for r, t in enumerate(ts):
+            t.send(x[sl[r]], wt[sl[r]], ids[sl[r]], wait=False)
+        for t in ts:
+            t.wait_in()
+        for r, t in enumerate(ts):
+            x_MH, weights_MK, slots_MK = t.local()
+            if identity:
+                t.send_back(t.recv, div=K)
+                continue
+            mine = list(placement.slots_RS[r])
+            t.send_back(local_experts(x_MH, weights_MK, slots_MK, w.gate_up_E2IH[mine], w.down_EHI[mine], tiles))
+        for t in ts:
+            t.wait_back()
+        ys = [combine_k(t.ret[: toks[r] * K], K) for r, t in enumerate(ts)]
+    if identity:
+        want = combine_k(x.repeat_interleave(K, dim=0), K)
+    else:
+        want = moe_experts(x, wt, ids, w.gate_up_E2IH, w.down_EHI, config=tiles)
+    return ys, want, sl, ts

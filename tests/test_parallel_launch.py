@@ -2,12 +2,11 @@
 seconds (gloo, CPU ranks). The time bounds are generous ceilings against a hang, not timings."""
 import time
 
+import parallel_ranks as PR  # noqa: I001
 import pytest
 import torch
 
 from dispatch.parallel import RankError, launch
-
-import parallel_ranks as PR  # noqa: I001
 
 CAUSES = [("raise", r"rank 1 of 2 raised ValueError: boom from rank 1\n(.|\n)*Traceback(.|\n)*parallel_ranks.py"),
           ("exit", "rank 1 of 2 exited with code 3 before returning a result"),

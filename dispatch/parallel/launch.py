@@ -87,8 +87,8 @@ def _entry(rank, world_size, port, backend, timeout_s, payload, sys_path, run_di
             raise RankError(f"its result ({type(out).__name__}) could not be saved: {exc}") from exc
     except BaseException as exc:  # noqa: BLE001
         head = "collective" if _collective_failure(exc) else "own"
-        text = "".join(traceback.format_exception(exc))
-        report("error", lambda p: p.write_text(f"{head}\n{time.time()}\n{type(exc).__name__}: {exc}\n{text}"))
+        text = f"{head}\n{time.time()}\n{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc))
+        report("error", lambda p: p.write_text(text))
     while not (run_dir / "release").exists():  # keep sockets open until every rank is done
         time.sleep(POLL_S)
     os._exit(0)
