@@ -66,3 +66,25 @@ def mismatched_config(cfg: MoEConfig) -> None:
     R = dist.get_world_size()
     mine = cfg.replace(top_k=cfg.top_k + 1) if dist.get_rank() == R - 1 else cfg
     parallelize(MoELayer(mine, random_weights(mine, seed=0)), Placement.contiguous(cfg.num_experts, R))
+
+
+def bad_ids_unchecked(cfg: MoEConfig, capacity: int | None) -> bool:
+    """Ids -1 and E with the check off (as on a GPU): those rows are computed nowhere and add
+    nothing; the other rows of the token are exact (compared by value: -0.0 == 0.0)."""
+    from dispatch.kernels.grouped_gemm import moe_experts
+    from dispatch.parallel.layer import pinned_config
+
+    R, rank, E, K = dist.get_world_size(), dist.get_rank(), cfg.num_experts, cfg.top_k
+    g = torch.Generator().manual_seed(11)
+    x_TH = torch.randn(4 * R, cfg.hidden_size, generator=g)
+    ids_TK = torch.rand(4 * R, E, generator=g).argsort(1)[:, :K]
+    ids_TK[1, 0], ids_TK[2, K - 1], ids_TK[5, :] = -1, E, E + 3
+    weights_TK = torch.rand(4 * R, K, generator=g)
+    w = random_weights(cfg, seed=1)
+    valid = (ids_TK >= 0) & (ids_TK < E)
+    want = moe_experts(x_TH, weights_TK * valid, ids_TK.clamp(0, E - 1), w.gate_up_E2IH, w.down_EHI,
+                       config=pinned_config("cpu"))
+    ep = parallelize(MoELayer(cfg, w), capacity=capacity)
+    mine = slice(4 * rank, 4 * rank + 4)
+    got = ep.experts(x_TH[mine], weights_TK[mine], ids_TK[mine], check_ids=False)
+    return torch.equal(got, want[mine])

@@ -127,3 +127,8 @@ def test_load_balance_placements_plug_in():
     assert isinstance(greedy, Placement) and greedy.replicas(0) == (0, 1)
     assert greedy.rank_loads([9, 1, 1, 1, 1, 1, 1, 1]) == [8.0, 8.0]
     assert greedy.dest_rank_N(torch.zeros(4, 1, dtype=torch.long), 0).tolist() == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("capacity", [None, 4])
+def test_unchecked_bad_ids_add_nothing(capacity):
+    assert launch(PR.bad_ids_unchecked, 2, K4, capacity, timeout_s=60) == [True, True]

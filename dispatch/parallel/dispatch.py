@@ -46,8 +46,11 @@ class DispatchMeta:
     capacity: int | None  # C token rows per source region (low-latency mode)
 
 
-def check_routing(x_TH, weights_TK, ids_TK, num_experts: int, hidden: int, top_k: int) -> None:
-    """ValueError unless x_TH [T, H], weights_TK float [T, K], ids_TK int [T, K] in [0, E)."""
+def check_routing(x_TH, weights_TK, ids_TK, num_experts: int, hidden: int, top_k: int,
+                  check_ids: bool | None = None) -> None:
+    """ValueError unless x_TH [T, H], weights_TK float [T, K], ids_TK int [T, K]; with ``check_ids``
+    (default: on CPU; on a GPU it would cost a host sync) also ids in [0, E). Unchecked, a row
+    whose id lies outside [0, E) is computed nowhere and contributes nothing."""
     for name, t in (("x_TH", x_TH), ("weights_TK", weights_TK), ("ids_TK", ids_TK)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -60,33 +63,42 @@ def check_routing(x_TH, weights_TK, ids_TK, num_experts: int, hidden: int, top_k
     if tuple(weights_TK.shape) != (T, top_k) or not weights_TK.is_floating_point():
         raise ValueError(f"weights_TK must be a floating [T={T}, K={top_k}] tensor, got {weights_TK.dtype} "
                          f"{tuple(weights_TK.shape)}")
-    if ids_TK.numel() and not bool(((ids_TK >= 0) & (ids_TK < num_experts)).all()):
+    if check_ids is None:
+        check_ids = x_TH.device.type == "cpu"
+    if check_ids and ids_TK.numel() and not bool(((ids_TK >= 0) & (ids_TK < num_experts)).all()):
         raise ValueError(f"ids_TK must hold expert ids in [0, {num_experts}), got min {int(ids_TK.min())} "
                          f"max {int(ids_TK.max())}")
 
 
 def plan(ids_TK: torch.Tensor, placement: Placement, rank: int):
-    """(dest_TK, sends_TR, pos_TR): the rank computing each routed row; whether token t goes to
-    rank d; its position among the tokens this rank sends to d (t order). No host sync."""
+    """(dest_TK, sends_TR, pos_TR): the rank computing each routed row (R: none, for an id outside
+    [0, E)); whether token t goes to rank d; its position among the tokens this rank sends to d
+    (t order). No host sync."""
     T, K = ids_TK.shape
-    R = placement.num_ranks
-    dest_TK = placement.dest_rank_N(ids_TK, rank).view(T, K)
-    sends_TR = torch.zeros(T, R, dtype=torch.bool, device=ids_TK.device)
-    sends_TR.scatter_(1, dest_TK, True)
+    R, E = placement.num_ranks, placement.num_experts
+    valid_TK = (ids_TK >= 0) & (ids_TK < E)
+    dest_TK = placement.dest_rank_N(ids_TK.clamp(0, E - 1), rank).view(T, K)
+    dest_TK = torch.where(valid_TK, dest_TK, R)  # never used as an address
+    sends_TR = torch.zeros(T, R + 1, dtype=torch.bool, device=ids_TK.device)
+    sends_TR = sends_TR.scatter_(1, dest_TK, True)[:, :R]
     pos_TR = sends_TR.long().cumsum(0) - 1
     return dest_TK, sends_TR, pos_TR
 
 
-def _a2a(x: torch.Tensor, send, recv, group) -> torch.Tensor:
-    """all_to_all_single; send/recv None = equal splits (static: no host sync)."""
+def _a2a(x: torch.Tensor, send, recv, group, zero_row: bool = False) -> torch.Tensor:
+    """all_to_all_single; send/recv None = equal splits (static: no host sync). ``zero_row``: one
+    more row of zeros after the received ones (where rows computed nowhere point)."""
     rows = x.shape[0] if recv is None else sum(recv)
-    out = x.new_empty((rows,) + tuple(x.shape[1:]))
+    full = x.new_empty((rows + zero_row,) + tuple(x.shape[1:]))
+    out = full[:rows]
+    if zero_row:
+        full[rows:].zero_()
     if dist.get_world_size(group) == 1:
         out.copy_(x)
     else:
         dist.all_to_all_single(out, x.contiguous(), None if recv is None else list(recv),
                                None if send is None else list(send), group=group)
-    return out
+    return full
 
 
 def _pack(x_TH, weights_TK, ids_TK, dest_TK, d_J, t_J):
@@ -101,16 +113,19 @@ def _unpack(recv_MW, H: int, K: int, slot_E: torch.Tensor, L: int):
     meta_MK2 = recv_MW[:, H:].contiguous().view(torch.int32)
     ids_MK = meta_MK2[:, :K]
     slots_MK = torch.where(ids_MK >= 0, slot_E[ids_MK.clamp(min=0).long()], L)
-    return recv_MW[:, :H], meta_MK2[:, K:].contiguous().view(torch.float32), slots_MK.clamp(max=L)
+    slots_MK = torch.where(slots_MK < 0, L, slots_MK)  # (an expert this rank does not hold: not here)
+    return recv_MW[:, :H], meta_MK2[:, K:].contiguous().view(torch.float32), slots_MK
 
 
-def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None, *, capacity: int | None = None):
+def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None, *, capacity: int | None = None,
+             check_ids: bool | None = None):
     """Send each token once to every rank that computes one of its rows.
 
     Args:
         x_TH [T, H] (T may be 0), weights_TK [T, K] float, ids_TK [T, K] int in [0, E): this
         rank's tokens and their routing. placement: the same on every rank. capacity: None for
-        exact splits (one host sync), else C ≥ T token rows per source region (static).
+        exact splits (one host sync), else C ≥ T token rows per source region (static), the same
+        on every rank. check_ids: see :func:`check_routing`.
     Returns:
         (x_MH, weights_MK fp32, slots_MK, meta): the M tokens this rank received; slots_MK the
         local slot computing each of their K rows (L = len(placement.slots_RS[rank]): not here).
@@ -122,7 +137,7 @@ def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None, *, capa
         raise ValueError(f"placement is for {placement.num_ranks} ranks but the group has {R}")
     H = x_TH.shape[1] if x_TH.dim() == 2 else -1
     K = ids_TK.shape[1] if ids_TK.dim() == 2 else -1
-    check_routing(x_TH, weights_TK, ids_TK, placement.num_experts, H, K)
+    check_routing(x_TH, weights_TK, ids_TK, placement.num_experts, H, K, check_ids)
     T = x_TH.shape[0]
     if capacity is not None and (not isinstance(capacity, int) or capacity < max(T, 1)):
         raise ValueError(f"capacity must be an int >= the tokens on this rank (T={T}) and >= 1, got {capacity!r}")
@@ -130,7 +145,7 @@ def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None, *, capa
     slot_E = placement.tables(x_TH.device)[2][rank]
     L = len(placement.slots_RS[rank])
     if capacity is None:  # exact splits: tokens and rows per destination, one exchange, one sync
-        counts_R2 = torch.stack([sends_TR.sum(0), torch.bincount(dest_TK.reshape(-1), minlength=R)], 1)
+        counts_R2 = torch.stack([sends_TR.sum(0), torch.bincount(dest_TK.reshape(-1), minlength=R + 1)[:R]], 1)
         got_R2 = _a2a(counts_R2, None, None, group)
         sizes = torch.cat([counts_R2, got_R2], 1).T.tolist()  # the one host sync
         d_J, t_J = torch.nonzero(sends_TR.T, as_tuple=True)  # by destination, then t
@@ -139,6 +154,7 @@ def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None, *, capa
         keep_V = torch.nonzero((slots_MK < L).reshape(-1)).squeeze(1)
         home_N = torch.empty(T * K, dtype=torch.long, device=x_TH.device)
         home_N[torch.argsort(dest_TK.reshape(-1), stable=True)] = torch.arange(T * K, device=x_TH.device)
+        home_N.clamp_(max=sum(sizes[1]))  # rows computed nowhere (dest R, sorted last): the zero row
         meta = DispatchMeta(T, K, home_N, keep_V, tuple(sizes[3]), tuple(sizes[1]), None)
         return x_MH, weights_MK, slots_MK, meta
     C = capacity
@@ -150,7 +166,9 @@ def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None, *, capa
     send_W[:, H:].view(torch.int32)[:, :K] = -1  # padding rows: no row to compute
     send_W.index_copy_(0, row_J, packed_JW)
     x_MH, weights_MK, slots_MK = _unpack(_a2a(send_W[: R * C], None, None, group), H, K, slot_E, L)
-    home_N = (dest_TK * (C * K) + pos_TR.gather(1, dest_TK) * K + torch.arange(K, device=x_TH.device)).reshape(-1)
+    d_TK = dest_TK.clamp(max=R - 1)
+    home_TK = d_TK * (C * K) + pos_TR.gather(1, d_TK) * K + torch.arange(K, device=x_TH.device)
+    home_N = torch.where(dest_TK < R, home_TK, R * C * K).reshape(-1)  # computed nowhere: the zero row
     return x_MH, weights_MK, slots_MK, DispatchMeta(T, K, home_N, None, None, None, C)
 
 
@@ -160,7 +178,7 @@ def combine(out_VH: torch.Tensor, meta: DispatchMeta, group=None) -> torch.Tenso
         raise ValueError(f"out_VH must be [M*K, H], got {tuple(out_VH.shape)}")
     if meta.capacity is None:
         back_VH = out_VH.index_select(0, meta.keep_V)
-        home_VH = _a2a(back_VH, meta.send, meta.recv, group)
+        home_VH = _a2a(back_VH, meta.send, meta.recv, group, zero_row=True)
     else:
-        home_VH = _a2a(out_VH, None, None, group)
+        home_VH = _a2a(out_VH, None, None, group, zero_row=True)
     return combine_k(home_VH.index_select(0, meta.home_N), meta.top_k)

@@ -93,10 +93,12 @@ class ExpertParallelMoE(nn.Module):
         kw.setdefault("config", layer.gemm_config)
         return cls(layer.cfg, layer.weights, placement, group=group, **kw)
 
-    def experts(self, x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
-        """Routed experts only: dispatch → local experts → combine. [T, H] → [T, H]."""
+    def experts(self, x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, *,
+                check_ids: bool | None = None) -> torch.Tensor:
+        """Routed experts only: dispatch → local experts → combine. [T, H] → [T, H]. ``check_ids``:
+        raise for ids outside [0, E) (default on CPU); unchecked, such a row adds nothing."""
         cfg = self.cfg
-        check_routing(x_TH, weights_TK, ids_TK, cfg.num_experts, cfg.hidden_size, cfg.top_k)
+        check_routing(x_TH, weights_TK, ids_TK, cfg.num_experts, cfg.hidden_size, cfg.top_k, check_ids)
         if x_TH.dtype != self.gate_up_L2IH.dtype:
             raise ValueError(f"x has dtype {x_TH.dtype} but the expert weights are {self.gate_up_L2IH.dtype}")
         if not runtime.triton_ok(x_TH) or (x_TH.device.type == "cpu" and x_TH.dtype == torch.bfloat16):
@@ -104,7 +106,7 @@ class ExpertParallelMoE(nn.Module):
                              f"(x is {x_TH.dtype} on {x_TH.device})")
         if self.transport == "collective":
             x_MH, weights_MK, slots_MK, meta = dispatch(x_TH, weights_TK, ids_TK, self.placement, self.group,
-                                                        capacity=self.capacity)
+                                                        capacity=self.capacity, check_ids=False)
             out_VH = local_experts(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.config)
             return combine(out_VH, meta, self.group)
         x_MH, weights_MK, slots_MK = self.transport.dispatch(x_TH, weights_TK, ids_TK)

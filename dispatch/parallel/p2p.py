@@ -206,6 +206,7 @@ class P2PTransport:
         if T > self.C:
             raise ValueError(f"{T} tokens exceed max_tokens={self.C} this transport was built for")
         dest_TK, sends_TR, pos_TR = plan(ids_TK, self.placement, self.rank)
+        self._valid_N = (dest_TK < self.R).reshape(-1, 1)  # a row computed nowhere adds nothing
         pos_TR = torch.where(sends_TR, pos_TR, -1).contiguous()
         cfg = self.config
         _send_tokens[(self.programs_out,)](
@@ -244,7 +245,7 @@ class P2PTransport:
     def combine(self, out_VH: torch.Tensor, num_tokens: int) -> torch.Tensor:
         self.send_back(out_VH)
         self.wait_back()
-        return combine_k(self.ret[: num_tokens * self.K], self.K)
+        return combine_k(self.ret[: num_tokens * self.K].masked_fill_(~self._valid_N, 0), self.K)
 
     def round_trip(self, x_TH, weights_TK, ids_TK) -> torch.Tensor:
         """Dispatch + combine with identity experts (the benchmark's unit): each routed row comes
