@@ -88,3 +88,39 @@ def bad_ids_unchecked(cfg: MoEConfig, capacity: int | None) -> bool:
     mine = slice(4 * rank, 4 * rank + 4)
     got = ep.experts(x_TH[mine], weights_TK[mine], ids_TK[mine], check_ids=False)
     return torch.equal(got, want[mine])
+
+
+def bench_rows(argv: list[str]) -> list[dict]:
+    """The expert-parallel benchmark's rows on this rank (CPU: a smoke test of every code path)."""
+    from dispatch_book.bench import parallel
+
+    return parallel.run(parallel.parse(argv), dist.get_rank(), dist.get_world_size())
+
+
+def graph_replay(cfg: MoEConfig, T: int, transport: str) -> bool:
+    """CUDA only: the layer's routed experts with fixed capacity ("collective") or over the p2p path,
+    captured once in a CUDA graph and replayed: the same bits as the eager call (no host sync inside)."""
+    from dispatch.kernels.grouped_gemm import moe_experts
+    from dispatch.parallel.layer import pinned_config
+    from dispatch.parallel.p2p import P2PTransport
+    from dispatch_book.bench.parallel import graphed
+    from dispatch_book.ep_steps import bitwise_equal
+
+    R, rank, dev = dist.get_world_size(), dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator().manual_seed(5)
+    x_TH = torch.randn(R * T, cfg.hidden_size, generator=g).to(dev, torch.bfloat16)
+    ids_TK = torch.rand(R * T, cfg.num_experts, generator=g).argsort(1)[:, :cfg.top_k].to(dev)
+    weights_TK = torch.rand(R * T, cfg.top_k, generator=g).to(dev)
+    w = random_weights(cfg, seed=2, dtype=torch.bfloat16, device=dev)
+    one = MoELayer(cfg, w, path="triton", config=pinned_config(dev))
+    want = moe_experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=one.gemm_config)
+    placement = Placement.contiguous(cfg.num_experts, R)
+    kw = {"capacity": T} if transport == "collective" else {
+        "transport": P2PTransport(cfg, placement, max_tokens=T, dtype=torch.bfloat16, device=dev)}
+    ep = parallelize(one, placement, **kw)
+    mine = slice(rank * T, (rank + 1) * T)
+    graph, y = graphed(lambda: ep.experts(x_TH[mine], weights_TK[mine], ids_TK[mine], check_ids=False))
+    first = y.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    return bitwise_equal(first, want[mine]) and bitwise_equal(y, want[mine])
