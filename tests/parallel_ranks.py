@@ -17,6 +17,7 @@ def rank_behaviour(bad_rank: int, how: str):
     """Rank ``bad_rank`` misbehaves in one way ``how``; the others join an all_reduce it never joins
     (or, for "hang_in_collective", return at once while it waits in one)."""
     rank = dist.get_rank()
+    one = torch.ones(1, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     if rank == bad_rank:
         if how == "raise":
             raise ValueError(f"boom from rank {rank}")
@@ -27,12 +28,12 @@ def rank_behaviour(bad_rank: int, how: str):
         if how == "hang":
             time.sleep(600)
         if how == "hang_in_collective":
-            dist.all_reduce(torch.ones(1))
+            dist.all_reduce(one)
         if how == "unpicklable":
             return lambda: None
     if how == "hang_in_collective":
         return "done"
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(one)
     return "unreachable"
 
 

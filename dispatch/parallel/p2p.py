@@ -189,6 +189,7 @@ class P2PTransport:
         self.block_h = min(config.block_h, triton.next_power_of_2(self.H))
         j_M = torch.arange(R * max_tokens, device=dev)
         self.source_M, self.p_M, self.k_K = j_M // max_tokens, j_M % max_tokens, torch.arange(self.K, device=dev)
+        self._f32 = torch.zeros(1, device=dev)  # stands in for the weights when T = 0
 
     def wait_in(self) -> None:
         """Hold this rank's stream until every source's tokens of this round have arrived."""
@@ -209,6 +210,8 @@ class P2PTransport:
         self._valid_N = (dest_TK < self.R).reshape(-1, 1)  # a row computed nowhere adds nothing
         pos_TR = torch.where(sends_TR, pos_TR, -1).contiguous()
         cfg = self.config
+        if T == 0:  # Triton wants real pointers: stand-ins that are never read (every row is masked)
+            x_TH, ids_TK, weights_TK, dest_TK, pos_TR = self.recv, self.p_M, self._f32, self.p_M, self.p_M
         _send_tokens[(self.programs_out,)](
             x_TH.contiguous(), ids_TK.contiguous(), weights_TK.float().contiguous(), dest_TK.contiguous(), pos_TR,
             sends_TR.sum(0), T, self.H, self.rank, self.C, self.at["recv"], self.at["meta"], self.at["home"],
