@@ -153,7 +153,7 @@ def step_rows_arrival_order(case: Case) -> dict:
     acc_TH = torch.zeros(meta.num_tokens, x_TH.shape[1])
     acc_TH.index_add_(0, order_V // meta.top_k, home_VH.float())  # in arrival order
     want = _want(case, x_TH, weights_TK, ids_TK, w)[mine]
-    return _report(acc_TH.to(x_TH.dtype), want)
+    return _report(acc_TH.to(x_TH.dtype), want, scale=float(want.abs().max()) if want.numel() else 0.0)
 
 
 def step_final(case: Case) -> dict:
@@ -200,3 +200,11 @@ def p2p_simulated(case: Case, placement: Placement, rounds: int = 2, identity: b
     else:
         want = moe_experts(x, wt, ids, w.gate_up_E2IH, w.down_EHI, config=tiles)
     return ys, want, sl, ts
+
+
+def step_fault(bad_rank: int, message: str) -> str:
+    """Rank ``bad_rank`` raises; the others wait in a collective it never joins."""
+    if dist.get_rank() == bad_rank:
+        raise RuntimeError(message)
+    dist.all_reduce(torch.ones(1))
+    return "unreachable"
