@@ -83,6 +83,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096" if runtime.HAS_CUDA else "1,16")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default=None, help="results root to write <gpu>/expert_parallel.json into")
+    ap.add_argument("--p2p-sweep", action="store_true",
+                    help="GPUs: also time the p2p round trip (CUDA graph) at the largest T for a grid of "
+                         "P2PConfig (rows per block x programs per SM x warps): kind 'p2p_config' rows")
     return ap.parse_args(argv)
 
 
@@ -184,6 +187,8 @@ def run(args, rank, R) -> list[dict]:
                            lambda layer=layer: layer(x_all), iters, args.reps, cuda, collective=False)["median_ms"])
         dist.barrier()
 
+    if cuda and args.p2p_sweep:
+        sweep_p2p(max(tokens), cfg, placement, dtype, device, args, record)
     for T in tokens:
         measure(T)  # (its buffers, p2p's symmetric memory included, go when it returns)
     local = sum(t.numel() * t.element_size() for t in (ep.gate_up_L2IH, ep.down_LHI))
@@ -197,6 +202,27 @@ def run(args, rank, R) -> list[dict]:
     if rank == 0 and args.out:
         say(f"wrote {save_rows(args, rows, R, dtype)}")
     return rows
+
+
+def sweep_p2p(T, cfg, placement, dtype, device, args, record) -> None:
+    """The copy kernels' launch shape at T tokens per GPU: which P2PConfig moves the most bytes."""
+    from dispatch.parallel.p2p import P2PConfig, P2PTransport
+
+    g = torch.Generator().manual_seed(99)
+    x_TH = torch.randn(T, cfg.hidden_size, generator=g).to(dtype=dtype, device=device)
+    ids_TK = torch.rand(T, cfg.num_experts, generator=g).argsort(1)[:, :cfg.top_k].to(device)
+    weights_TK = torch.rand(T, cfg.top_k, generator=g).to(device)
+    nbytes = 2 * T * cfg.top_k * cfg.hidden_size * x_TH.element_size()
+    for rows in (4, 8, 16):
+        for per_sm in (1, 2, 4):
+            for warps in (4, 8):
+                conf = P2PConfig(rows=rows, programs_per_sm=per_sm, num_warps=warps)
+                p2p = P2PTransport(cfg, placement, max_tokens=T, dtype=dtype, device=device, config=conf)
+                graph, _ = graphed(lambda p2p=p2p: p2p.round_trip(x_TH, weights_TK, ids_TK))
+                record("p2p_config", f"rows{rows}_sm{per_sm}_w{warps}", T,
+                       lockstep_ms(graph.replay, 10, args.reps, True), nbytes, rows=rows,
+                       programs_per_sm=per_sm, num_warps=warps)
+                del graph, p2p
 
 
 def save_rows(args, rows, R, dtype):
