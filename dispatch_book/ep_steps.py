@@ -13,11 +13,12 @@ import torch.distributed as dist
 
 from dispatch.config import MoEConfig, random_weights
 from dispatch.kernels.combine import combine as combine_k
+from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.moe import MoELayer
 from dispatch.parallel import Placement, dispatch, parallelize
 from dispatch.parallel.dispatch import _a2a, plan
-from dispatch.parallel.layer import local_experts, pinned_config
+from dispatch.parallel.layer import local_decode, local_experts, pinned_config, pinned_decode_config
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Case:
     """One equality check. tokens_R: tokens on each rank (uneven and zero allowed).
     routing: "random" (random ids and weights), "skewed" (every row to rank 0's experts), "one"
     (every token to the same K experts) or "router" (the whole layer: router + experts + shared).
-    capacity: static splits sized for the largest rank (no host sync) instead of exact ones."""
+    capacity: static splits sized for the largest rank (no host sync) instead of exact ones.
+    path: the experts' kernels, "grouped" (grouped GEMM) or "decode" (the decode kernels)."""
 
     name: str
     cfg: MoEConfig
@@ -35,6 +37,7 @@ class Case:
     seed: int = 0
     dtype: str = "float32"
     capacity: bool = False
+    path: str = "grouped"
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -85,16 +88,24 @@ def check_case(case: Case, device="cpu", transport="collective") -> dict:
         from dispatch.parallel.p2p import P2PTransport
 
         transport = P2PTransport(case.cfg, placement, max_tokens=max(max(case.tokens_R), 1), dtype=x_TH.dtype,
-                                 device=x_TH.device)
-    ep = parallelize(one, placement, capacity=capacity, transport=transport)
+                                 device=x_TH.device, rows_dtype=torch.float32 if case.path == "decode" else None)
+    ep = parallelize(one, placement, capacity=capacity, transport=transport, path=case.path)
     if case.routing == "router":  # the whole layer: the one-device layer on the same tokens
         got, want = ep(x_TH[mine]), one(x_TH[mine])
     else:  # the routed experts: the one-device grouped GEMM on the global batch
         got = ep.experts(x_TH[mine], weights_TK[mine], ids_TK[mine])
-        want = moe_experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=config)[mine]
+        want = one_device(x_TH, weights_TK, ids_TK, w, case.path)[mine]
     diff = (got.float() - want.float()).abs()
     return {"case": case.name, "rank": dist.get_rank(), "tokens": case.tokens_R[dist.get_rank()],
             "equal": bitwise_equal(got, want), "max_abs_diff": float(diff.max()) if diff.numel() else 0.0}
+
+
+def one_device(x_TH, weights_TK, ids_TK, w, path: str = "grouped") -> torch.Tensor:
+    """The routed experts on one device, the global batch, pinned tiles: the bits to match."""
+    if path == "decode":
+        return moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI,
+                          config=pinned_decode_config(x_TH.device))
+    return moe_experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=pinned_config(x_TH.device))
 
 
 def check_cases(cases, device="cpu", transport="collective") -> list[dict]:
@@ -178,7 +189,9 @@ def p2p_simulated(case: Case, placement: Placement, rounds: int = 2, identity: b
     R, toks, K = placement.num_ranks, case.tokens_R, case.cfg.top_k
     sl = [slice(sum(toks[:r]), sum(toks[:r + 1])) for r in range(R)]
     kw = {"config": config} if config is not None else {}
-    ts = P2PTransport.simulated(case.cfg, placement, max_tokens=max(max(toks), 1), dtype=x.dtype, **kw)
+    rows_dtype = torch.float32 if case.path == "decode" else None
+    ts = P2PTransport.simulated(case.cfg, placement, max_tokens=max(max(toks), 1), dtype=x.dtype,
+                                rows_dtype=rows_dtype, **kw)
     tiles = pinned_config("cpu")
     for _ in range(rounds):
         for r, t in enumerate(ts):
@@ -191,14 +204,16 @@ def p2p_simulated(case: Case, placement: Placement, rounds: int = 2, identity: b
                 t.send_back(t.recv, div=K)
                 continue
             mine = list(placement.slots_RS[r])
-            t.send_back(local_experts(x_MH, weights_MK, slots_MK, w.gate_up_E2IH[mine], w.down_EHI[mine], tiles))
+            gu, dn = w.gate_up_E2IH[mine].contiguous(), w.down_EHI[mine].contiguous()
+            t.send_back(local_decode(x_MH, weights_MK, slots_MK, gu, dn, pinned_decode_config("cpu"))
+                        if case.path == "decode" else local_experts(x_MH, weights_MK, slots_MK, gu, dn, tiles))
         for t in ts:
             t.wait_back()
-        ys = [combine_k(t.ret[: toks[r] * K], K) for r, t in enumerate(ts)]
+        ys = [combine_k(t.ret[: toks[r] * K], K).to(x.dtype) for r, t in enumerate(ts)]
     if identity:
         want = combine_k(x.repeat_interleave(K, dim=0), K)
     else:
-        want = moe_experts(x, wt, ids, w.gate_up_E2IH, w.down_EHI, config=tiles)
+        want = one_device(x, wt, ids, w, case.path)
     return ys, want, sl, ts
 
 

@@ -26,10 +26,14 @@ def cases(tokens_R):
            S.Case("random K=4, fixed capacity", K4, tokens_R, seed=4, capacity=True),
            S.Case("every token to the same experts", K4, tokens_R, routing="one", seed=5),
            S.Case("whole layer + gated shared expert", SHARED, tokens_R, routing="router", seed=2)]
+    out += [S.Case("decode kernels", K4, tokens_R, seed=8, path="decode"),
+            S.Case("decode kernels, fixed capacity, same experts", K4, tokens_R, routing="one", seed=9,
+                   capacity=True, path="decode")]
     if R > 1:
         out += [S.Case("skewed: the other ranks' experts get nothing", TINY, tokens_R, routing="skewed", seed=1),
                 S.Case("replicated experts", K4, tokens_R, placement=replicated(R), seed=6),
-                S.Case("replicated, fixed capacity", K4, tokens_R, placement=replicated(R), seed=7, capacity=True)]
+                S.Case("replicated, fixed capacity", K4, tokens_R, placement=replicated(R), seed=7, capacity=True),
+                S.Case("replicated, decode kernels", K4, tokens_R, placement=replicated(R), seed=10, path="decode")]
     return out
 
 
@@ -47,9 +51,10 @@ def test_bit_identical_to_one_device(R):
 
 
 def test_zero_tokens_everywhere():
-    rows = launch(S.check_cases, 2, [S.Case("none", K4, (0, 0)), S.Case("none, cap", K4, (0, 0), capacity=True)],
-                  timeout_s=60)
-    assert [r["equal"] for per in rows for r in per] == [True] * 4
+    cs = [S.Case("none", K4, (0, 0)), S.Case("none, cap", K4, (0, 0), capacity=True),
+          S.Case("none, decode", K4, (0, 0), path="decode", capacity=True)]
+    rows = launch(S.check_cases, 2, cs, timeout_s=60)
+    assert [r["equal"] for per in rows for r in per] == [True] * 6
 
 
 def test_each_token_sent_once_per_rank():
@@ -110,6 +115,16 @@ def test_bad_routing_is_refused_before_anything_moves():
 def test_configs_that_differ_across_ranks_are_refused():
     with pytest.raises(RankError, match="different configurations"):
         launch(PR.mismatched_config, 2, TINY, timeout_s=30)
+
+
+def test_decode_path_needs_fp32_rows_over_p2p():
+    from dispatch.parallel.p2p import P2PTransport
+
+    t = P2PTransport.simulated(K4, Placement.contiguous(8, 1), max_tokens=2, dtype=torch.float16)[0]
+    with pytest.raises(ValueError, match="rows_dtype=torch.float32"):
+        ExpertParallelMoE(K4, random_weights(K4, dtype=torch.float16), transport=t, path="decode")
+    with pytest.raises(ValueError, match="path must be"):
+        ExpertParallelMoE(K4, random_weights(K4), path="fast")
 
 
 def test_from_layer_refuses_other_modules():

@@ -1,5 +1,6 @@
 """Expert parallelism on GPUs: bit-identical to the one-GPU layer built from the same kernels (pinned
-tiles, bf16) over NCCL (exact and fixed-capacity splits) and the peer-to-peer path; CUDA graphs.
+tiles, bf16; grouped GEMM and decode kernels) over NCCL (exact and fixed-capacity splits) and the
+peer-to-peer path; CUDA graphs.
 
     pytest tests/test_parallel_gpu.py -m gpu      # one GPU: world size 1; two GPUs: world size 2 too
 """
@@ -26,7 +27,9 @@ def cases(R):
            S.Case("random, fixed capacity", CFG, tok, dtype="bfloat16", capacity=True),
            S.Case("every token to the same experts", CFG, tok, routing="one", dtype="bfloat16"),
            S.Case("whole layer", SHARED, tok, routing="router", dtype="bfloat16"),
-           S.Case("one token", CFG, (1,) * R, dtype="bfloat16", capacity=True)]
+           S.Case("one token", CFG, (1,) * R, dtype="bfloat16", capacity=True),
+           S.Case("decode kernels", CFG, (5,) * R, dtype="bfloat16", path="decode"),
+           S.Case("decode kernels, fixed capacity", CFG, (3,) * R, dtype="bfloat16", path="decode", capacity=True)]
     if R == 2:
         out += [S.Case("skewed", CFG, (16, 16), routing="skewed", dtype="bfloat16"),
                 S.Case("zero tokens on rank 1", CFG, (9, 0), dtype="bfloat16", capacity=True),

@@ -31,6 +31,11 @@ def test_p2p_simulated_world_bit_identical(tokens_R, routing, placement):
     assert [ts[d].counts.tolist() for d in range(R)] == [[sent[s][d] for s in range(R)] for d in range(R)]
 
 
+def test_p2p_with_the_decode_kernels():
+    ys, want, sl, _ = S.p2p_simulated(S.Case("decode", K4, (3, 2), seed=4, path="decode"), Placement.contiguous(8, 2))
+    assert all(S.bitwise_equal(y, want[s]) for y, s in zip(ys, sl, strict=True))
+
+
 def test_p2p_round_trip_returns_every_row():
     ys, want, sl, _ = S.p2p_simulated(S.Case("rt", K4, (3, 5), seed=2), Placement.contiguous(8, 2), identity=True)
     assert all(S.bitwise_equal(y, want[s]) for y, s in zip(ys, sl, strict=True))

@@ -19,11 +19,14 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+import triton
 from torch import nn
 
 from dispatch import runtime
 from dispatch.config import MoEConfig
 from dispatch.kernels import gemm_config as gc
+from dispatch.kernels import gemv
+from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
 from dispatch.kernels.routing import route
 from dispatch.kernels.sort import sort_by_expert
@@ -37,6 +40,38 @@ from dispatch.reference import check_input, router_logits, shared_reference
 def pinned_config(device) -> gc.GemmConfig:
     """The tile config both the expert-parallel layer and its one-device twin use by default."""
     return gc.INTERPRET_CONFIG if runtime.INTERPRET or torch.device(device).type != "cuda" else gc.GemmConfig()
+
+
+def pinned_decode_config(device) -> gemv.DecodeConfig:
+    """The decode path's tiles for both the expert-parallel layer and ``moe_decode(..., config=)``."""
+    return gemv.INTERPRETER if runtime.INTERPRET or torch.device(device).type != "cuda" else gemv.FEW_EXPERTS
+
+
+def local_decode(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg: gemv.DecodeConfig) -> torch.Tensor:
+    """The decode kernels (few rows) on the received tokens: rows m·K + k with slots_MK < L →
+    out_VH [M·K, H] in fp32, weighted (the decode path sums fp32 rows, so they travel in fp32).
+    Slot L lies outside [0, L): the kernels never form a group for it."""
+    M, K = slots_MK.shape
+    L, H, I = gate_up_L2IH.shape[0], x_MH.shape[1], down_LHI.shape[2]
+    out_VH = torch.empty(M * K, H, dtype=torch.float32, device=x_MH.device)
+    if M == 0 or L == 0:
+        return out_VH
+    # TODO(lib): the first two launches of moe_decode, as a function returning out_NH, would replace these.
+    x_MH, slots_MK, weights_MK = x_MH.contiguous(), slots_MK.contiguous(), weights_MK.float().contiguous()
+    N, slots = M * K, min(L, M * K)
+    block_e = max(16, triton.next_power_of_2(L))
+    chunk_n = max(16, min(triton.next_power_of_2(N), 8192 // block_e))
+    h_VI = torch.empty(N, I, dtype=x_MH.dtype, device=x_MH.device)
+    _up_swiglu_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(I, cfg.block_i)))](
+        x_MH, slots_MK, gate_up_L2IH, h_VI, N, K, L, H, I, x_MH.stride(0), slots_MK.stride(0), slots_MK.stride(1),
+        gate_up_L2IH.stride(0), gate_up_L2IH.stride(1), h_VI.stride(0), BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i,
+        BLOCK_H=cfg.block_h, BLOCK_E=block_e, CHUNK_N=chunk_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    _down_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
+        h_VI, slots_MK, weights_MK, down_LHI, out_VH, N, K, L, H, I, slots_MK.stride(0), slots_MK.stride(1),
+        weights_MK.stride(0), weights_MK.stride(1), down_LHI.stride(0), down_LHI.stride(1), h_VI.stride(0),
+        out_VH.stride(0), BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=block_e,
+        CHUNK_N=chunk_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    return out_VH
 
 
 def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: gc.GemmConfig) -> torch.Tensor:
@@ -58,15 +93,26 @@ class ExpertParallelMoE(nn.Module):
     """One MoE layer over the ranks of ``group``; build it with :meth:`from_layer` or :func:`parallelize`.
 
     capacity: None (exact splits, one host sync per call) or C, the most tokens any rank passes
-    (static splits, no host sync: CUDA-graph capturable). config: the pinned tiles (default
-    :func:`pinned_config`). transport: "collective" (all_to_all_single over NCCL/gloo) or a
-    :class:`dispatch.parallel.p2p.P2PTransport`.
+    (static splits, no host sync: CUDA-graph capturable). path: "grouped" (the grouped GEMM, tiles
+    ``config``, default :func:`pinned_config`; twin ``MoELayer(path="triton", config=...)``) or
+    "decode" (the decode kernels for few rows, tiles ``decode_config``, default
+    :func:`pinned_decode_config`; twin ``moe_decode(..., config=...)``). transport: "collective"
+    (all_to_all_single over NCCL/gloo) or a :class:`dispatch.parallel.p2p.P2PTransport` (for
+    "decode", built with ``rows_dtype=torch.float32``).
     """
 
     def __init__(self, cfg: MoEConfig, weights, placement: Placement | None = None, *, group=None,
-                 capacity: int | None = None, config: gc.GemmConfig | None = None, transport="collective"):
+                 capacity: int | None = None, config: gc.GemmConfig | None = None, transport="collective",
+                 path: str = "grouped", decode_config: gemv.DecodeConfig | None = None):
         super().__init__()
         weights.validate(cfg)
+        if path not in ("grouped", "decode"):
+            raise ValueError(f"path must be 'grouped' or 'decode', got {path!r}")
+        ret = getattr(transport, "ret", None)  # a P2PTransport's return buffer
+        if path == "decode" and ret is not None and ret.dtype != torch.float32:
+            raise ValueError("the decode path returns fp32 rows: build the P2PTransport with rows_dtype=torch.float32")
+        self.path = path
+        self.decode_config = decode_config or pinned_decode_config(weights.gate_up_E2IH.device)
         if placement is not None and not isinstance(placement, Placement):
             raise ValueError(f"placement must be a dispatch.parallel.Placement, got {type(placement).__name__}")
         self.cfg, self.group, self.capacity, self.transport = cfg, group, capacity, transport
@@ -77,7 +123,7 @@ class ExpertParallelMoE(nn.Module):
                              f"the layer has E={cfg.num_experts} on R={R} ranks")
         self.config = config or pinned_config(weights.gate_up_E2IH.device)
         check_same_everywhere(group, cfg=cfg, placement=self.placement, dtype=weights.gate_up_E2IH.dtype,
-                              capacity=capacity, config=self.config)
+                              capacity=capacity, config=self.config, path=path, decode_config=self.decode_config)
         idx = torch.tensor(self.placement.slots_RS[self.rank], dtype=torch.long, device=weights.gate_up_E2IH.device)
         self.register_buffer("gate_up_L2IH", weights.gate_up_E2IH.index_select(0, idx).contiguous())
         self.register_buffer("down_LHI", weights.down_EHI.index_select(0, idx).contiguous())
@@ -107,11 +153,16 @@ class ExpertParallelMoE(nn.Module):
         if self.transport == "collective":
             x_MH, weights_MK, slots_MK, meta = dispatch(x_TH, weights_TK, ids_TK, self.placement, self.group,
                                                         capacity=self.capacity, check_ids=False)
-            out_VH = local_experts(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.config)
-            return combine(out_VH, meta, self.group)
-        x_MH, weights_MK, slots_MK = self.transport.dispatch(x_TH, weights_TK, ids_TK)
-        out_VH = local_experts(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.config)
-        return self.transport.combine(out_VH, x_TH.shape[0])
+            y_TH = combine(self._local(x_MH, weights_MK, slots_MK), meta, self.group)
+        else:
+            x_MH, weights_MK, slots_MK = self.transport.dispatch(x_TH, weights_TK, ids_TK)
+            y_TH = self.transport.combine(self._local(x_MH, weights_MK, slots_MK), x_TH.shape[0])
+        return y_TH.to(x_TH.dtype)  # (the decode path sums fp32 rows: one cast, as on one device)
+
+    def _local(self, x_MH, weights_MK, slots_MK) -> torch.Tensor:
+        if self.path == "decode":
+            return local_decode(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.decode_config)
+        return local_experts(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.config)
 
     def forward(self, x_TH: torch.Tensor) -> torch.Tensor:
         check_input(x_TH, self.cfg)

@@ -127,12 +127,13 @@ def _wait(flags, first, programs, R: tl.constexpr):
 class P2PTransport:
     """Dispatch/combine through symmetric memory for ``placement`` on the ranks of ``group``.
 
-    ``max_tokens`` (C): the most tokens any rank passes, the same on every rank. Use as
+    ``max_tokens`` (C): the most tokens any rank passes, the same on every rank. ``rows_dtype``:
+    the returned rows' dtype (default x's; fp32 for the layer's decode path). Use as
     ``parallelize(layer, placement, transport=P2PTransport(...))``.
     """
 
     def __init__(self, cfg, placement: Placement, *, max_tokens: int, dtype, device, group=None,
-                 config: P2PConfig = P2PConfig()):
+                 config: P2PConfig = P2PConfig(), rows_dtype=None):
         import torch.distributed._symmetric_memory as symm_mem
 
         group = group or dist.group.WORLD
@@ -145,7 +146,8 @@ class P2PTransport:
             keep.append((buf, handle))
             return tuple(buf if p == rank else handle.get_buffer(p, shape, dt) for p in range(R)), handle
 
-        peers = {name: symmetric(shape, dt)[0] for name, shape, dt in _buffers(cfg, R, max_tokens, dtype)[:-1]}
+        peers = {name: symmetric(shape, dt)[0]
+                 for name, shape, dt in _buffers(cfg, R, max_tokens, dtype, rows_dtype)[:-1]}
         peers["flags"], handle = symmetric((2 * R,), torch.int32)
         peers["flags"][rank].zero_()
         torch.cuda.synchronize(device)
@@ -155,12 +157,12 @@ class P2PTransport:
 
     @classmethod
     def simulated(cls, cfg, placement: Placement, *, max_tokens: int, dtype, device="cpu",
-                  config: P2PConfig = P2PConfig(rows=4, programs_per_sm=1)):
+                  config: P2PConfig = P2PConfig(rows=4, programs_per_sm=1), rows_dtype=None):
         """All R ranks in one process over ordinary tensors (tests under Triton's interpreter):
         one transport per rank; ``send(..., wait=False)`` on each, then ``wait_in()`` on each."""
         R = placement.num_ranks
         peers = {name: [torch.zeros(shape, dtype=dt, device=device) for _ in range(R)]
-                 for name, shape, dt in _buffers(cfg, R, max_tokens, dtype)}
+                 for name, shape, dt in _buffers(cfg, R, max_tokens, dtype, rows_dtype)}
         out = []
         for rank in range(R):
             t = cls.__new__(cls)
@@ -260,8 +262,9 @@ class P2PTransport:
         return combine_k(self.ret[: x_TH.shape[0] * self.K], self.K)
 
 
-def _buffers(cfg, R: int, C: int, dtype):
-    """(name, shape, dtype) of every buffer a rank exposes to its peers."""
+def _buffers(cfg, R: int, C: int, dtype, rows_dtype=None):
+    """(name, shape, dtype) of every buffer a rank exposes to its peers; returned rows are
+    ``rows_dtype`` (default x's dtype; fp32 for the decode path's rows)."""
     K, H = cfg.top_k, cfg.hidden_size
     return [("recv", (R * C, H), dtype), ("meta", (R * C, 2 * K), torch.int32), ("home", (R * C,), torch.int32),
-            ("counts", (R,), torch.int32), ("ret", (C * K, H), dtype), ("flags", (2 * R,), torch.int32)]
+            ("counts", (R,), torch.int32), ("ret", (C * K, H), rows_dtype or dtype), ("flags", (2 * R,), torch.int32)]

@@ -9,7 +9,8 @@ T, all ranks in lockstep (a barrier before each sample; the slowest rank's media
             graph; p2p_round_trip(_graph): the peer-to-peer path, eager and as one CUDA graph
   layer     ep_{coll} (exact splits), ep_{coll}_graph (fixed capacity, CUDA graph), ep_p2p_graph
             vs one_gpu: MoELayer(path="triton", same pinned tiles) on the global batch R·T, and
-            one_gpu_auto (the library's default path); every EP output checked bit for bit
+            one_gpu_auto (the library's default path); up to 64 tokens per GPU also the decode
+            kernels (ep_*_decode vs one_gpu_decode); every EP output checked bit for bit
   memory    expert weights and peak allocated per GPU
 Rows go through ``dispatch_book.bench.save`` (rank 0) only with ``--out``.
 """
@@ -33,9 +34,12 @@ from dispatch.parallel import Placement, combine, dispatch, parallelize
 from dispatch.parallel.dispatch import _a2a
 from dispatch.parallel.launch import check_same_everywhere, init_from_env
 from dispatch.parallel.layer import pinned_config
+from dispatch.parallel.p2p import P2PTransport
 from dispatch.reference import route_reference, router_logits
 from dispatch_book.bench import save
-from dispatch_book.ep_steps import bitwise_equal
+from dispatch_book.ep_steps import bitwise_equal, one_device
+
+DECODE_MAX_TOKENS_PER_GPU = 64  # the decode kernels' contestants run up to this size
 
 
 def lockstep_ms(fn, iters: int, reps: int, cuda: bool, collective: bool = True) -> dict:
@@ -148,8 +152,6 @@ def run(args, rank, R) -> list[dict]:
                2 * pair_bytes)
         p2p = None
         if cuda:
-            from dispatch.parallel.p2p import P2PTransport
-
             graph, y = graphed(lambda: round_trip(T))
             record("exchange", f"{coll}_dispatch_combine_graph", T, lockstep_ms(graph.replay, iters, args.reps, cuda),
                    2 * pair_bytes, bitwise_equal=agree(bitwise_equal(y, want_rt)))
@@ -162,29 +164,39 @@ def run(args, rank, R) -> list[dict]:
                    2 * pair_bytes, bitwise_equal=agree(bitwise_equal(y, want_rt)))
 
         # The layer: expert parallel vs the global batch on one GPU, the same kernels and tiles.
-        want = moe_experts(x_all, weights_all, ids_all, w.gate_up_E2IH, w.down_EHI, config=config)[mine]
-        layers = [(f"ep_{coll}", parallelize(one, placement), False)]
+        want = one_device(x_all, weights_all, ids_all, w)[mine]
+        layers = [(f"ep_{coll}", parallelize(one, placement), False, want)]
         if cuda:
-            layers += [(f"ep_{coll}_graph", parallelize(one, placement, capacity=T), True),
-                       ("ep_p2p_graph", parallelize(one, placement, transport=p2p), True)]
-        for name, layer, as_graph in layers:
+            layers += [(f"ep_{coll}_graph", parallelize(one, placement, capacity=T), True, want),
+                       ("ep_p2p_graph", parallelize(one, placement, transport=p2p), True, want)]
+        decode = cuda and T <= DECODE_MAX_TOKENS_PER_GPU
+        if decode:  # few rows: the decode kernels, rows back in fp32
+            want_d = one_device(x_all, weights_all, ids_all, w, "decode")[mine]
+            p2p32 = P2PTransport(cfg, placement, max_tokens=T, dtype=dtype, device=device, rows_dtype=torch.float32)
+            layers += [(f"ep_{coll}_graph_decode", parallelize(one, placement, capacity=T, path="decode"), True,
+                        want_d), ("ep_p2p_graph_decode", parallelize(one, placement, transport=p2p32, path="decode"),
+                                  True, want_d)]
+        for name, layer, as_graph, expect in layers:
             fn = lambda layer=layer: layer.experts(x_TH, weights_TK, ids_TK, check_ids=False)  # noqa: E731
             y = fn()
             if as_graph:
                 graph, y = graphed(fn)
                 fn = graph.replay
-            same = agree(bitwise_equal(y, want))
+            same = agree(bitwise_equal(y, expect))
             full = lockstep_ms(lambda layer=layer: layer(x_TH), iters, args.reps, cuda) if not as_graph else None
             record("layer", name, T, lockstep_ms(fn, iters, args.reps, cuda), bitwise_equal=same,
                    **({"whole_layer_median_ms": full["median_ms"]} if full else {}))
         if rank == 0:
-            auto = MoELayer(cfg, w)
-            for name, layer in (("one_gpu", one), ("one_gpu_auto", auto)):
-                experts = lambda layer=layer: moe_experts(  # noqa: E731
-                    x_all, weights_all, ids_all, w.gate_up_E2IH, w.down_EHI, config=layer.gemm_config)
+            solo = [("one_gpu", lambda: one_device(x_all, weights_all, ids_all, w), one),
+                    ("one_gpu_auto", lambda: moe_experts(x_all, weights_all, ids_all, w.gate_up_E2IH, w.down_EHI),
+                     MoELayer(cfg, w))]
+            if decode:
+                solo.append(("one_gpu_decode", lambda: one_device(x_all, weights_all, ids_all, w, "decode"), None))
+            for name, experts, layer in solo:
+                whole = {} if layer is None else {"whole_layer_median_ms": lockstep_ms(
+                    lambda layer=layer: layer(x_all), iters, args.reps, cuda, collective=False)["median_ms"]}
                 record("layer", name, T, lockstep_ms(experts, iters, args.reps, cuda, collective=False),
-                       global_tokens=R * T, whole_layer_median_ms=lockstep_ms(
-                           lambda layer=layer: layer(x_all), iters, args.reps, cuda, collective=False)["median_ms"])
+                       global_tokens=R * T, **whole)
         dist.barrier()
 
     if cuda and args.p2p_sweep:
