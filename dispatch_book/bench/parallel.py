@@ -12,13 +12,12 @@ T, all ranks in lockstep (a barrier before each sample; the slowest rank's media
             one_gpu_auto (the library's default path); up to 64 tokens per GPU also the decode
             kernels (ep_*_decode vs one_gpu_decode); every EP output checked bit for bit
   memory    expert weights and peak allocated per GPU
-Rows go through ``dispatch_book.bench.save`` (rank 0) only with ``--out``.
+Rank 0 writes the rows through ``dispatch_book.bench.save``: into ``--out DIR`` (``--out results``
+replaces the recording the book reads), else into the scratch folder.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
-import pathlib
 import statistics
 import sys
 import time
@@ -36,7 +35,8 @@ from dispatch.parallel.launch import check_same_everywhere, init_from_env
 from dispatch.parallel.layer import pinned_config
 from dispatch.parallel.p2p import P2PTransport
 from dispatch.reference import route_reference, router_logits
-from dispatch_book.bench import save
+from dispatch_book.bench import add_output_args, save
+from dispatch_book.bench.harness import capture_graph
 from dispatch_book.ep_steps import bitwise_equal, one_device
 
 DECODE_MAX_TOKENS_PER_GPU = 64  # the decode kernels' contestants run up to this size
@@ -67,18 +67,12 @@ def lockstep_ms(fn, iters: int, reps: int, cuda: bool, collective: bool = True) 
 
 
 def graphed(fn):
-    """(graph, output) of ``fn`` captured once in a CUDA graph (after warm-up on a side stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    """(graph, output) of ``fn`` captured once in a CUDA graph (the harness's capture; the output
+    tensor is the captured call's, refreshed by every replay)."""
+    held = {}
+    graph = capture_graph(lambda: held.__setitem__("out", fn()), warmup=2)
     graph.replay()
-    return graph, out
+    return graph, held["out"]
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -86,7 +80,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--preset", default="olmoe-1b-7b" if runtime.HAS_CUDA else "tiny")
     ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096" if runtime.HAS_CUDA else "1,16")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--out", default=None, help="results root to write <gpu>/expert_parallel.json into")
+    add_output_args(ap)
     ap.add_argument("--p2p-sweep", action="store_true",
                     help="GPUs: also time the p2p round trip (CUDA graph) at the largest T for a grid of "
                          "P2PConfig (rows per block x programs per SM x warps): kind 'p2p_config' rows")
@@ -211,7 +205,7 @@ def run(args, rank, R) -> list[dict]:
                  "expert_weights_gib_one_gpu": full_w / 2**30, "peak_allocated_gib_max_rank": peak.item() / 2**30,
                  "note": "peak includes the full weight copy every rank keeps for the one-GPU comparison"})
     say(rows[-1])
-    if rank == 0 and args.out:
+    if rank == 0:
         say(f"wrote {save_rows(args, rows, R, dtype)}")
     return rows
 
@@ -240,15 +234,13 @@ def sweep_p2p(T, cfg, placement, dtype, device, args, record) -> None:
 def save_rows(args, rows, R, dtype):
     argv, skip = [], False  # the command as a user would type it (where the file went is no part of it)
     for a in sys.argv[1:]:
-        if skip or a.startswith("--out"):
+        if skip or a == "--out" or a.startswith("--out="):
             skip = a == "--out"
             continue
         argv.append(a)
     cmd = " ".join([f"torchrun --nproc_per_node {R} -m dispatch_book.bench.parallel"] + argv)
     extra = {"preset": args.preset, "world_size": R, "dtype": str(dtype).replace("torch.", "")}
-    out = pathlib.Path(args.out)
-    where = {"out": out} if "out" in inspect.signature(save).parameters else {"out_dir": out}
-    return save("expert_parallel", rows, command=cmd, extra=extra, **where)
+    return save("expert_parallel", rows, out=args.out, command=cmd, extra=extra, allow_dirty=args.allow_dirty)
 
 
 if __name__ == "__main__":
