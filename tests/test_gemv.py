@@ -8,8 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatch.kernels.gemv import (DecodeConfig, decode_loop_torch, expert_bytes_read, moe_decode,
-                                   moe_decode_torch)
+from dispatch.kernels.gemv import DecodeConfig, decode_loop_torch, expert_bytes_read, moe_decode, moe_decode_torch
 from dispatch.reference import experts_reference
 
 FP32_TOL = dict(atol=1e-5, rtol=1e-4)  # fp32 both ways; only the summation order differs

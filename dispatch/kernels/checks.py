@@ -92,6 +92,15 @@ def check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *,
     return T, K, E, H, I
 
 
+def via_op(*tensors) -> bool:
+    """Call a kernel through its registered ``torch.library`` op (rather than its implementation,
+    the very same function)? Yes under ``torch.compile`` (the graph then holds the op) and when
+    autograd records (a backward then raises); otherwise the ~10 µs of op dispatch are skipped."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def no_backward(op, name: str) -> None:
     """Register an autograd formula on a ``torch.library`` op that fails loudly at backward."""
 

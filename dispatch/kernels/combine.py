@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch.library import custom_op
 
-from dispatch.kernels.checks import check_launch, check_tensor, no_backward
+from dispatch.kernels.checks import check_launch, check_tensor, no_backward, via_op
 
 
 @triton.jit
@@ -59,12 +59,13 @@ def combine(out_NH: torch.Tensor, K: int, *, ids_TK: torch.Tensor | None = None,
     """
     _check_combine(out_NH, K, ids_TK, num_experts)
     check_launch("combine", out_NH)
-    return torch.ops.dispatch.combine(out_NH, K, ids_TK, num_experts or 0, dtype or out_NH.dtype)
+    op = torch.ops.dispatch.combine if via_op(out_NH) else combine_impl
+    return op(out_NH, K, ids_TK, num_experts or 0, dtype or out_NH.dtype)
 
 
-@custom_op("dispatch::combine", mutates_args=())
-def _combine_op(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: int,
-                dtype: torch.dtype) -> torch.Tensor:
+def combine_impl(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The launch behind :func:`combine` (inputs already checked; ``ids_TK`` None: no masking)."""
     N, H = out_NH.shape
     T = N // K
     y_TH = torch.empty(T, H, device=out_NH.device, dtype=dtype)
@@ -76,6 +77,9 @@ def _combine_op(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: in
         out_NH, ids_TK if ids_TK is not None else out_NH, y_TH, H, E, *out_NH.stride(), s_it, s_ik,
         *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4)
     return y_TH
+
+
+_combine_op = custom_op("dispatch::combine", combine_impl, mutates_args=())
 
 
 @_combine_op.register_fake

@@ -33,8 +33,8 @@ import triton
 from torch.library import custom_op
 
 from dispatch import runtime
-from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward
-from dispatch.kernels.combine import combine, combine_torch
+from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
+from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 
 
@@ -132,11 +132,11 @@ def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Deco
         raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
     check_launch("moe_decode", x_TH)
     cfg = config or default_config(T, K, E, H, I, x_TH.device)
-    return torch.ops.dispatch.moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, list(astuple(cfg)))
+    op = torch.ops.dispatch.moe_decode if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_decode_impl
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, list(astuple(cfg)))
 
 
-@custom_op("dispatch::moe_decode", mutates_args=())
-def _moe_decode_op(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
+def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
                    down_EHI: torch.Tensor, tiles: list[int]) -> torch.Tensor:
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     cfg = DecodeConfig(*tiles)
@@ -167,7 +167,10 @@ def _moe_decode_op(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.T
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
     # rows with an id outside [0, E) were never written: the combine selects them away
-    return combine(out_NH, K, ids_TK=ids_TK, num_experts=E, dtype=x_TH.dtype)
+    return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype)
+
+
+_moe_decode_op = custom_op("dispatch::moe_decode", _moe_decode_impl, mutates_args=())
 
 
 @_moe_decode_op.register_fake

@@ -23,8 +23,8 @@ from torch.library import custom_op
 
 from dispatch import runtime
 from dispatch.kernels import gemm_config as gc
-from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward
-from dispatch.kernels.combine import combine
+from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
+from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.sort import sort_by_expert
 
@@ -237,11 +237,11 @@ def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Gem
         raise ValueError(f"config must be a GemmConfig (tiles of the grouped GEMM), got {type(config).__name__}")
     check_launch("moe_experts", x_TH)
     tiles = list(dataclasses.astuple(config)) if config is not None else None
-    return torch.ops.dispatch.moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tiles)
+    op = torch.ops.dispatch.moe_experts if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_experts_impl
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tiles)
 
 
-@custom_op("dispatch::moe_experts", mutates_args=())
-def _moe_experts_op(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
+def _moe_experts_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
                     down_EHI: torch.Tensor, tiles: list[int] | None) -> torch.Tensor:
     (T, H), (K, E) = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0])
     if T == 0:
@@ -251,7 +251,10 @@ def _moe_experts_op(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.
     routes = sort_by_expert(ids_TK, E, bm)
     h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=config)
     out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=config)
-    return combine(out_NH, K, ids_TK=ids_TK, num_experts=E)
+    return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)
+
+
+_moe_experts_op = custom_op("dispatch::moe_experts", _moe_experts_impl, mutates_args=())
 
 
 @_moe_experts_op.register_fake

@@ -31,7 +31,7 @@ import triton.language as tl
 from torch.library import custom_op
 
 from dispatch.config import MoEConfig
-from dispatch.kernels.checks import check_launch, no_backward
+from dispatch.kernels.checks import check_launch, no_backward, via_op
 from dispatch.reference import route_reference
 
 _TILE = 2048  # BLOCK_T × BLOCK_E elements per program: ~16 fp32 per thread and tensor at 4 warps
@@ -163,12 +163,12 @@ def route(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tensor | None =
         logits_TE = logits_TE.float()
     if bias_E is not None and bias_E.device.type == "cpu" and bias_E.dtype == torch.bfloat16:
         bias_E = bias_E.float()
-    return torch.ops.dispatch.route(logits_TE, bias_E, cfg.top_k, cfg.scoring == "sigmoid", cfg.norm_topk_prob,
+    op = torch.ops.dispatch.route if via_op(logits_TE, bias_E) else _route_impl
+    return op(logits_TE, bias_E, cfg.top_k, cfg.scoring == "sigmoid", cfg.norm_topk_prob,
                                     cfg.n_group, cfg.topk_group, float(cfg.routed_scaling_factor))
 
 
-@custom_op("dispatch::route", mutates_args=())
-def _route_op(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, sigmoid: bool, renorm: bool,
+def _route_impl(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, sigmoid: bool, renorm: bool,
               n_group: int, topk_group: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     T, E = logits_TE.shape
     weights_TK = torch.empty(T, K, dtype=torch.float32, device=logits_TE.device)
@@ -185,6 +185,9 @@ def _route_op(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, sigm
         BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_K=triton.next_power_of_2(K),
         BLOCK_G=triton.next_power_of_2(n_group), num_warps=4)
     return weights_TK, ids_TK
+
+
+_route_op = custom_op("dispatch::route", _route_impl, mutates_args=())
 
 
 @_route_op.register_fake
