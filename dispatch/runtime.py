@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 
 import torch
 
@@ -78,7 +79,7 @@ def _properties(index: int) -> tuple[int, int | None]:
     """(SM count, max shared memory per program or None) of CUDA device ``index``, read once."""
     sms = torch.cuda.get_device_properties(index).multi_processor_count
     try:
-        import triton  # deferred: triton's driver queries CUDA; runtime itself must import without it
+        import triton  # deferred: only a CUDA device needs Triton's driver here
 
         shared = int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
     except Exception:  # noqa: BLE001 - an unreadable property must not stop a launch
@@ -122,12 +123,10 @@ def triton_ok(t: torch.Tensor) -> bool:
 
 def describe() -> dict:
     """Versions and device, for results files and the top of every chapter."""
-    import platform
-
     info = {"python": platform.python_version(), "torch": torch.__version__,
             "device": "cpu", "gpu": None, "interpret": INTERPRET}
     try:
-        import triton
+        import triton  # deferred, as transformers below: versions of optional packages, if present
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
