@@ -81,10 +81,15 @@ def route_reference(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tenso
     return weights_TK * cfg.routed_scaling_factor, ids_TK
 
 
+def swiglu(gate_up_M2I: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU activation of a gate|up product: silu(gate) * up — [M, 2I] → [M, I]."""
+    gate_MI, up_MI = gate_up_M2I.chunk(2, dim=-1)
+    return F.silu(gate_MI) * up_MI
+
+
 def swiglu_expert(x_MH: torch.Tensor, gate_up_2IH: torch.Tensor, down_HI: torch.Tensor) -> torch.Tensor:
     """One SwiGLU expert: down(silu(gate(x)) * up(x)) — [M, H] → [M, H]."""
-    gate_MI, up_MI = F.linear(x_MH, gate_up_2IH).chunk(2, dim=-1)
-    return F.linear(F.silu(gate_MI) * up_MI, down_HI)
+    return F.linear(swiglu(F.linear(x_MH, gate_up_2IH)), down_HI)
 
 
 def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, check_ids: bool = False) -> torch.Tensor:
@@ -114,7 +119,7 @@ def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch
     # output columns may round differently from two of S (the fused form is off by ~1 ulp on CPU).
     S = cfg.shared_intermediate_size
     gate_TS, up_TS = F.linear(x_TH, w.shared_gate_up_2SH[:S]), F.linear(x_TH, w.shared_gate_up_2SH[S:])
-    out_TH = F.linear(F.silu(gate_TS) * up_TS, w.shared_down_HS)
+    out_TH = F.linear(swiglu(torch.cat([gate_TS, up_TS], dim=-1)), w.shared_down_HS)
     if cfg.shared_gate:
         out_TH = torch.sigmoid(F.linear(x_TH, w.shared_gate_1H)) * out_TH
     return out_TH

@@ -36,6 +36,7 @@ from dispatch import runtime
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
+from dispatch.reference import swiglu, swiglu_expert
 
 
 @dataclass(frozen=True)
@@ -195,8 +196,7 @@ def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.
             continue  # such rows add nothing, as in the kernel
         rows = torch.nonzero(ids_N == e).flatten()
         x_MH = x_TH[rows // K].float()
-        gate_MI, up_MI = F.linear(x_MH, gate_up_E2IH[e].float()).chunk(2, dim=-1)
-        h_MI = (F.silu(gate_MI) * up_MI).to(x_TH.dtype).float()
+        h_MI = swiglu(F.linear(x_MH, gate_up_E2IH[e].float())).to(x_TH.dtype).float()
         out_NH[rows] = F.linear(h_MI, down_EHI[e].float()) * weights_TK.reshape(-1)[rows, None].float()
     return combine_torch(out_NH, K, ids_TK=ids_TK, num_experts=E, dtype=x_TH.dtype)
 
@@ -214,8 +214,7 @@ def decode_loop_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch
             e = int(ids_TK[t, k])
             if not 0 <= e < E:
                 continue
-            gate, up = F.linear(x_TH[t:t + 1], gate_up_E2IH[e]).chunk(2, dim=-1)
-            y_TH[t] += (F.linear(F.silu(gate) * up, down_EHI[e])[0] * weights_TK[t, k]).float()
+            y_TH[t] += (swiglu_expert(x_TH[t:t + 1], gate_up_E2IH[e], down_EHI[e])[0] * weights_TK[t, k]).float()
     return y_TH.to(x_TH.dtype)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.library import custom_op
@@ -27,6 +26,7 @@ from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backw
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.sort import sort_by_expert
+from dispatch.reference import swiglu
 
 
 @triton.jit
@@ -282,8 +282,7 @@ def grouped_up_swiglu_torch(x_TH, routes, gate_up_E2IH) -> torch.Tensor:
     valid_P = (rows_P < N) & (e_P >= 0)
     for e in torch.unique(e_P[valid_P]).tolist():
         slots = torch.nonzero(valid_P & (e_P == e)).flatten()
-        gu_MI2 = x_TH[rows_P[slots] // (N // T)].float() @ gate_up_E2IH[e].float().T
-        h_PI[slots] = (F.silu(gu_MI2[:, :I]) * gu_MI2[:, I:]).to(x_TH.dtype)
+        h_PI[slots] = swiglu(x_TH[rows_P[slots] // (N // T)].float() @ gate_up_E2IH[e].float().T).to(x_TH.dtype)
     return h_PI
 
 
