@@ -119,7 +119,8 @@ def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch
     # output columns may round differently from two of S (the fused form is off by ~1 ulp on CPU).
     S = cfg.shared_intermediate_size
     gate_TS, up_TS = F.linear(x_TH, w.shared_gate_up_2SH[:S]), F.linear(x_TH, w.shared_gate_up_2SH[S:])
-    out_TH = F.linear(swiglu(torch.cat([gate_TS, up_TS], dim=-1)), w.shared_down_HS)
+    # (silu(gate) * up on the two products as they are: a concatenated copy rounds differently on CPU)
+    out_TH = F.linear(F.silu(gate_TS) * up_TS, w.shared_down_HS)
     if cfg.shared_gate:
         out_TH = torch.sigmoid(F.linear(x_TH, w.shared_gate_1H)) * out_TH
     return out_TH
