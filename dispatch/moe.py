@@ -8,7 +8,8 @@ Paths (``path=``):
     "torch"   the plain-PyTorch reference (CPU without Triton's interpreter lands here)
     "triton"  routing kernel → sort → grouped GEMM up+SwiGLU → grouped down×weight → combine
     "decode"  routing kernel → the grouped-GEMV decode kernels (``dispatch.kernels.gemv``)
-    "auto"    "decode" for T ≤ DECODE_MAX_TOKENS, else "triton"; "torch" where Triton cannot run
+    "auto"    "decode" for T ≤ the shape's crossover (``tiles.decode_max_tokens``: the device's tuned
+              table, else DECODE_MAX_TOKENS), else "triton"; "torch" where Triton cannot run
 The router matmul and the shared expert run in torch on every path.
 """
 from __future__ import annotations
@@ -18,13 +19,12 @@ from torch import nn
 
 from dispatch import runtime
 from dispatch.config import MoEConfig, MoEWeights
+from dispatch.kernels import tiles
 from dispatch.reference import (check_input, experts_reference, route_reference, router_logits,
                                 shared_reference)
 
 PATHS = ("auto", "triton", "decode", "torch")
-# Measured on the H200 (results/h200/kernels.json, four shapes): the decode kernels win clearly at
-# 1-8 tokens; at 64 tokens they win on three shapes of four (Qwen3's 128 experts: the grouped GEMM).
-DECODE_MAX_TOKENS = 64
+DECODE_MAX_TOKENS = tiles.DECODE_MAX_TOKENS  # the crossover where no tuned table names one
 
 
 def _route(logits_TE, cfg, bias_E, use_kernel: bool):
@@ -36,7 +36,7 @@ def _route(logits_TE, cfg, bias_E, use_kernel: bool):
     return weights_TK.float(), ids_TK
 
 
-def pick_path(T: int, x_TH: torch.Tensor, path: str = "auto") -> str:
+def pick_path(T: int, x_TH: torch.Tensor, path: str = "auto", crossover: int = DECODE_MAX_TOKENS) -> str:
     """Which path runs ``T`` tokens of ``x_TH`` (raises ValueError for an impossible request)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -44,7 +44,7 @@ def pick_path(T: int, x_TH: torch.Tensor, path: str = "auto") -> str:
     if path == "auto":
         if not can_triton:
             return "torch"
-        return "decode" if T <= DECODE_MAX_TOKENS else "triton"
+        return "decode" if T <= crossover else "triton"
     if path in ("triton", "decode") and not can_triton:
         raise ValueError(f"path={path!r} needs CUDA or Triton's interpreter with fp32/fp16 on CPU "
                          f"(x is {x_TH.dtype} on {x_TH.device}, interpreter={runtime.INTERPRET})")
@@ -60,7 +60,7 @@ def moe(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, *, path: str = "auto", c
         return moe(x.reshape(-1, x.shape[-1]), cfg, w, path=path, config=config).view(x.shape)
     check_input(x, cfg, w)
     T = x.shape[0]
-    chosen = pick_path(T, x, path)
+    chosen = pick_path(T, x, path, tiles.decode_max_tokens(cfg.K, cfg.E, cfg.H, cfg.I, x.dtype, x.device))
     if T == 0:
         return x.new_zeros(0, cfg.hidden_size)
     weights_TK, ids_TK = _route(router_logits(x, cfg, w), cfg, w.bias_E, use_kernel=chosen != "torch")

@@ -18,10 +18,10 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime
-from dispatch.kernels import gemm_config as gc
+from dispatch.kernels import tiles
 from dispatch.kernels.combine import combine, combine_torch  # noqa: F401  (re-exported)
-from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.sort import sort_by_expert
+from dispatch.kernels.tiles import GemmConfig
 
 
 @triton.jit
@@ -62,14 +62,30 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
 
 
 @triton.jit
+def _swizzle(GROUP_M: tl.constexpr):
+    """(block, column tile) of this program. Launch order walks GROUP_M blocks × every column tile,
+    then the next GROUP_M blocks: programs in flight together share x rows and weight tiles in L2."""
+    pid_b, pid_n = tl.program_id(0), tl.program_id(1)
+    if GROUP_M > 1:
+        nb = tl.num_programs(0)
+        pid = pid_n * nb + pid_b  # the hardware's launch order (x fastest)
+        width = GROUP_M * tl.num_programs(1)
+        first = (pid // width) * GROUP_M
+        rows = tl.minimum(nb - first, GROUP_M)
+        pid_b = first + (pid % width) % rows
+        pid_n = (pid % width) // rows
+    return pid_b, pid_n
+
+
+@triton.jit
 def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET,
                       s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
                       TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    pid_b = tl.program_id(0)
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:  # blocks past the used ones do nothing
-        _up_tile(pid_b, tl.program_id(1), e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
+        _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                  s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
@@ -107,11 +123,12 @@ def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_BUCKET,
                  s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    pid_b = tl.program_id(0)
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:
-        _down_tile(pid_b, tl.program_id(1), e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
+        _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
                    s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
@@ -121,22 +138,14 @@ def _even_k(kdim_name):
 
 _up_pinned = triton.heuristics(_even_k("H"))(_up_swiglu_kernel)
 _down_pinned = triton.heuristics(_even_k("I"))(_down_kernel)
-_up_tuned = triton.autotune(gc.autotune_configs("up"), key=["N_BUCKET", "H", "I", "BLOCK_M"],
-                            prune_configs_by={"early_config_prune": gc.make_pruner(2)})(_up_pinned)
-_down_tuned = triton.autotune(gc.autotune_configs("down"), key=["N_BUCKET", "H", "I", "BLOCK_M"],
-                              prune_configs_by={"early_config_prune": gc.make_pruner(1)})(_down_pinned)
 
 
-def _launch(pinned, tuned, grid_fn, args, block_m, config: GemmConfig | None, **const):
-    """Run with a pinned config (interpreter: always) or let the autotuner pick BLOCK_N/K/warps/stages."""
-    if config is None and runtime.INTERPRET:
-        config = gc.INTERPRET_CONFIG
-    if config is not None:
-        meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
-        pinned[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const,
-                              num_warps=config.num_warps, num_stages=config.num_stages)
-    else:
-        tuned[grid_fn](*args, BLOCK_M=block_m, **const)
+def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, shape, **const):
+    """Launch with ``config``, else the tile policy's choice for ``shape`` = (T, K, E, H, I, dtype, device)."""
+    config = config or tiles.gemm_config(kind, block_m, *shape)
+    meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
+    kernel[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const, GROUP_M=config.group_m,
+                          num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def _check_routes(routes, n_rows: int, block_m: int | None = None):
@@ -178,9 +187,10 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH: torch.Tensor, *,
     bm = _check_routes(routes, N, config.block_m if config else None)
     P, B = routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
-    args = (x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, gc.next_pow2(N),
+    args = (x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
             *x_TH.stride(), *gate_up_E2IH.stride(), *h_PI.stride())
-    _launch(_up_pinned, _up_tuned, lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config, TOP_K=top_k)
+    _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
+            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k)
     return h_PI
 
 
@@ -209,9 +219,10 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI: torch.Tensor, weights_TK:
     B = routes.block_expert_B.numel()
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=h_PI.device, dtype=h_PI.dtype)
-    args = (h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, gc.next_pow2(N),
+    args = (h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
             *h_PI.stride(), *down_EHI.stride(), *out_NH.stride())
-    _launch(_down_pinned, _down_tuned, lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config)
+    _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,
+            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device))
     return out_NH
 
 
@@ -246,12 +257,14 @@ def check_experts_input(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> Non
         raise ValueError(f"ids must lie in [0, E={E}), got [{int(ids_TK.min())}, {int(ids_TK.max())}]")
 
 
-def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: GemmConfig | None = None):
+def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: GemmConfig | None = None,
+                configs: tuple[GemmConfig, GemmConfig] | None = None):
     """The routed experts: sort → grouped up+SwiGLU → grouped down×weight → combine.  → y_TH [T, H].
 
     Same math as ``reference.experts_reference``; fp32 accumulation everywhere, a token's K
     contributions summed in k order. ``config`` pins all tile sizes (rows then do not depend on
-    each other: bitwise the same whether computed alone or in a batch).
+    each other: bitwise the same whether computed alone or in a batch); ``configs`` = (up, down) pins
+    each kernel's own (same block_m). Default: :func:`dispatch.kernels.tiles.gemm_configs`.
     """
     check_experts_input(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
     T, H = x_TH.shape
@@ -261,10 +274,13 @@ def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Gem
     if not runtime.triton_ok(x_TH):
         raise ValueError(f"Triton cannot run on {x_TH.device} here (no CUDA and the interpreter is off)")
     E = gate_up_E2IH.shape[0]
-    bm = config.block_m if config else gc.pick_block_m(T * K, E, x_TH.device)
-    routes = sort_by_expert(ids_TK, E, bm)
-    h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=config)
-    out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=config)
+    cu, cd = configs or ((config, config) if config else
+                         tiles.gemm_configs(T, K, E, H, down_EHI.shape[2], x_TH.dtype, x_TH.device))
+    if cu.block_m != cd.block_m:
+        raise ValueError(f"up and down configs must share block_m, got {cu.block_m} and {cd.block_m}")
+    routes = sort_by_expert(ids_TK, E, cu.block_m)
+    h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=cu)
+    out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=cd)
     return combine(out_NH, K)
 
 

@@ -1,0 +1,3 @@
+from dispatch.tune import main
+
+main()
