@@ -42,3 +42,23 @@ def test_peer_fused_moe_matches_the_reference(T, E, K, bm):
     assert int(used) % bm == 0 and sorted(sorted_ids[sorted_ids < T * K].tolist()) == list(range(T * K))
     y = peers.fused_moe(x, w, ids, gate_up, down, aligned, (bm, 32, 32, 2, 4, 1))
     torch.testing.assert_close(y, experts_reference(x, w, ids, gate_up, down), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("T", [1, 64, 2048])
+def test_gpu_peer_every_config(T):
+    """Every config of the peer computes the layer (bf16): the race compares like with like."""
+    from dispatch import runtime
+    from dispatch.reference import experts_reference
+    from dispatch_book.bench import peers
+
+    cfg, dt = PRESETS["olmoe-1b-7b"], runtime.compute_dtype()
+    w = random_weights(cfg, dtype=dt, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, cfg.H, device="cuda", generator=g).to(dt)
+    wts, ids = route_reference(torch.randn(T, cfg.E, device="cuda", generator=g), cfg)
+    ref = experts_reference(x, wts.to(dt), ids, w.gate_up_E2IH, w.down_EHI).float()
+    for c in peers.CONFIGS:
+        y = peers.fused_moe(x, wts, ids, w.gate_up_E2IH, w.down_EHI, peers.align(ids, cfg.E, c[0]), c)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2, c

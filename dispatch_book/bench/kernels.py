@@ -4,9 +4,9 @@
 
 For each shape and token count the routing is computed once and given to every contestant; the
 timed call is the experts part (plus the shared expert in torch, for every contestant alike, where
-the layer has one). ``ours`` is the experts path ``moe`` picks (decode for T ≤ the tuned crossover,
-the grouped GEMM above, tiles from ``dispatch.kernels.tiles``); ``ours_grouped`` / ``ours_decode`` the
-two paths alone; ``peer_fused_moe`` a vLLM-design fused-MoE kernel (``peers``), best of its configs per
+the layer has one). ``ours_grouped`` / ``ours_decode`` are our two paths (tiles from
+``dispatch.kernels.tiles``); the row of the one ``moe`` picks (decode for T ≤ the tuned crossover) has
+``chosen``; ``peer_fused_moe`` a vLLM-design fused-MoE kernel (``peers``), best of its configs per
 size, its alignment step excluded. Ours and the peer are timed under CUDA-graph replay (median of 7
 replays of 30 calls) with the host time of one eager call recorded apart (``host_us``); transformers'
 contestants as a user calls them. ``ours_layer`` times our whole layer. Ours is checked against the
@@ -125,7 +125,7 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     crossover = tiles.decode_max_tokens(cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, x_TH.device)
     out["ours_grouped"] = (with_shared(lambda: gg.moe_experts(*args)), None)
     out["ours_decode"] = (with_shared(lambda: moe_decode(*args)), None if T <= 256 else "decode path: T ≤ 256")
-    out["ours"] = out["ours_decode"] if T <= crossover else out["ours_grouped"]
+    out["ours_grouped"][0].chosen, out["ours_decode"][0].chosen = T > crossover, T <= crossover
     if ref_TH is not None:
         fn, c = peer(cfg, w, *args[:3], ref_TH if not cfg.shared_intermediate_size
                      else ref_TH - shared_reference(x_TH, cfg, w), dev)
@@ -154,6 +154,8 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
                    "expert_bytes": weight_bytes, "unique_experts": n_unique}
             if hasattr(fn, "config"):
                 row["config"] = list(fn.config)
+            if hasattr(fn, "chosen"):
+                row["chosen"] = fn.chosen  # the path moe() takes at this size
             if reason is None:
                 try:
                     row["rel_err"] = err = bench.rel_err(fn(), ref_TH)
@@ -226,10 +228,13 @@ def _save(rows, a, argv, dtype):
 
 
 def ours_row(rows: list[dict], shape: str, T: int, decode_max_tokens: int) -> dict | None:
-    """The row of the experts path that ``moe(path="auto")`` takes at this size."""
-    want = "ours_decode" if T <= decode_max_tokens else "ours_grouped"
+    """The row of the experts path that ``moe(path="auto")`` takes at this size (recorded ``chosen``,
+    else the given crossover)."""
     by = {r["contestant"]: r for r in rows if r["shape"] == shape and r["tokens"] == T and "median_ms" in r}
-    return by.get(want) or by.get("ours_grouped")
+    chosen = [r for r in by.values() if r.get("chosen")]
+    if chosen:
+        return chosen[0]
+    return by.get("ours_decode" if T <= decode_max_tokens else "ours_grouped") or by.get("ours_grouped")
 
 
 def targets(doc: dict, decode_max_tokens: int, shape: str = "olmoe-1b-7b") -> list[dict]:
