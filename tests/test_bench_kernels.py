@@ -49,6 +49,8 @@ def test_peer_fused_moe_matches_the_reference(T, E, K, bm):
 @pytest.mark.parametrize("T", [1, 64, 2048])
 def test_gpu_peer_every_config(T):
     """Every config of the peer computes the layer (bf16): the race compares like with like."""
+    import triton
+
     from dispatch import runtime
     from dispatch.reference import experts_reference
     from dispatch_book.bench import peers
@@ -59,6 +61,12 @@ def test_gpu_peer_every_config(T):
     x = torch.randn(T, cfg.H, device="cuda", generator=g).to(dt)
     wts, ids = route_reference(torch.randn(T, cfg.E, device="cuda", generator=g), cfg)
     ref = experts_reference(x, wts.to(dt), ids, w.gate_up_E2IH, w.down_EHI).float()
+    ran = 0
     for c in peers.CONFIGS:
-        y = peers.fused_moe(x, wts, ids, w.gate_up_E2IH, w.down_EHI, peers.align(ids, cfg.E, c[0]), c)
+        try:
+            y = peers.fused_moe(x, wts, ids, w.gate_up_E2IH, w.down_EHI, peers.align(ids, cfg.E, c[0]), c)
+        except triton.runtime.errors.OutOfResources:  # the race skips a config this GPU cannot hold
+            continue
         assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2, c
+        ran += 1
+    assert ran >= len(peers.CONFIGS) - 2

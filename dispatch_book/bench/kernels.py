@@ -264,13 +264,23 @@ def targets(doc: dict, decode_max_tokens: int, shape: str = "olmoe-1b-7b") -> li
                   and "median_ms" in x]
             if ours is None or not hf:
                 continue
+            peer = [x for x in rows if x["shape"] == shape_i and x["tokens"] == T and "median_ms" in x
+                    and x["contestant"] == "peer_fused_moe"]
+            if peer:
+                sp = peer[0]["median_ms"] / ours["median_ms"]
+                need = 1.10 if T >= 4096 else 1.0
+                out.append({"target": f"≥ {need:.2f}× the tuned fused-MoE peer", "shape": shape_i, "tokens": T,
+                            "value": sp, "met": sp >= need, "ours": ours["contestant"]})
+            if T == 16384 and shape_i in ("olmoe-1b-7b", "mixtral-8x7b"):
+                out.append({"target": "≥ 65% of bf16 peak", "shape": shape_i, "tokens": T,
+                            "value": ours["pct_peak_flops"], "met": ours["pct_peak_flops"] >= 65})
             best = min(hf, key=lambda x: x["median_ms"])
             sp = best["median_ms"] / ours["median_ms"]
             out.append({"target": "never slower than best transformers", "shape": shape_i, "tokens": T,
                         "value": sp, "met": sp >= 1.0, "ours": ours["contestant"], "best_hf": best["contestant"]})
             if T <= 64:
-                out.append({"target": "≥ 80% of HBM on expert bytes", "shape": shape_i, "tokens": T,
-                            "value": ours["pct_hbm"], "met": ours["pct_hbm"] >= 80, "ours": ours["contestant"]})
+                out.append({"target": "≥ 85% of read bandwidth on expert bytes", "shape": shape_i, "tokens": T,
+                            "value": ours["pct_hbm"], "met": ours["pct_hbm"] >= 85, "ours": ours["contestant"]})
                 bm = [x for x in hf if x["contestant"] == "hf_batched_mm"]
                 if bm:
                     sp = bm[0]["median_ms"] / ours["median_ms"]
