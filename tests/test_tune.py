@@ -83,6 +83,16 @@ def test_spaces_fit_and_compile_jobs_cover_them(monkeypatch):
     assert all(("decode", c) in covered for c in decode_steps(base, 1)[0](base))
 
 
+def test_precompile_workers(small_space):
+    """Spawned workers import the package, run every variant of a job once and report failures."""
+    from dispatch.tune.compile import precompile
+
+    jobs = compile_jobs(["tiny"], (1, 8), torch.device("cpu"))
+    jobs.append(("tiny", 1, "decode", [tiles.INTERPRET_DECODE]))
+    assert {j[2] for j in jobs} == {"decode", "up", "down"}
+    assert precompile(jobs, workers=2, log=lambda s: None) == []
+
+
 def test_cli_rejects_bad_requests():
     with pytest.raises(SystemExit, match="unknown preset"):
         main(["--preset", "nope"])

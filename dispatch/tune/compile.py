@@ -46,11 +46,12 @@ _CASES: dict = {}
 
 def _compile_job(job) -> list[str]:
     name, T, kind, cands = job
-    dev, dtype = torch.device("cuda"), runtime.compute_dtype()
+    dev = runtime.device()  # CUDA; the CPU (under the interpreter) only in tests
+    dtype = runtime.compute_dtype(dev)
     if name not in _CASES:
         c = PRESETS[name]
-        _CASES[name] = type("W", (), dict(gate_up_E2IH=torch.empty(c.E, 2 * c.I, c.H, device=dev, dtype=dtype),
-                                          down_EHI=torch.empty(c.E, c.H, c.I, device=dev, dtype=dtype)))()
+        _CASES[name] = type("W", (), dict(gate_up_E2IH=torch.zeros(c.E, 2 * c.I, c.H, device=dev, dtype=dtype),
+                                          down_EHI=torch.zeros(c.E, c.H, c.I, device=dev, dtype=dtype)))()
     cfg, w, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, _CASES[name])
     failed = []
     for c in cands:
@@ -63,14 +64,19 @@ def _compile_job(job) -> list[str]:
                 h_PI = gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=up)
                 if kind == "down":
                     gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c)
-            torch.cuda.synchronize()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - reported; the timing step skips it too
             failed.append(f"{name} T={T} {c}: {str(e).splitlines()[0][:100] if str(e) else type(e).__name__}")
     return failed
 
 
-def precompile(jobs, workers: int, log=print) -> None:
+def precompile(jobs, workers: int, log=print) -> list[str]:
+    """Run the jobs in ``workers`` spawned processes; → the variants that failed (also logged)."""
+    failures = []
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         for failed in pool.map(_compile_job, jobs):
             for f in failed:
                 log(f"  compile failed: {f}")
+            failures += failed
+    return failures
