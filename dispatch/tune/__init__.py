@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     p.add_argument("--preset", required=True, help=f"a PRESETS name, or 'all' = {','.join(BENCH_PRESETS)}")
     p.add_argument("--tokens", default=",".join(map(str, tables.BUCKETS)), help="comma-separated buckets")
     p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into")
-    p.add_argument("--workers", type=int, default=max(0, min(14, (os.cpu_count() or 2) - 2)),
+    p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)
     presets = list(BENCH_PRESETS) if a.preset == "all" else a.preset.split(",")
