@@ -33,6 +33,7 @@ import triton
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv_kernels import _combine_kernel, _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.tiles import DecodeConfig  # noqa: F401  (re-exported: the decode launch config)
+from dispatch.kernels.tiles import heuristic_decode as default_config  # noqa: F401  (old name, kept for callers)
 
 
 def check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> tuple[int, int, int, int, int]:
