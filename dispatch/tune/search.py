@@ -200,6 +200,6 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print) -> dict:
         del case
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    cfg = PRESETS[name]
-    return {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": crossover(buckets),
-                                                                   "buckets": buckets}}
+    cfg, cross = PRESETS[name], crossover(buckets)
+    log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
+    return {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
