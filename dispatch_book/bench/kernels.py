@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS}, shorter timing")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--out", default=None, help="results directory (default results/)")
+    p.add_argument("--allow-dirty", action="store_true", help=argparse.SUPPRESS)  # read by the harness's CLI
     a = p.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the kernels benchmark needs a CUDA GPU (the chapters plot the recorded results)")
