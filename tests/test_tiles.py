@@ -54,7 +54,9 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(tiles, "_dev_props", lambda dev: (name, sms))
         monkeypatch.setattr(runtime, "max_shared_bytes", lambda dev=None: shared)
         monkeypatch.setattr(runtime, "capability", lambda dev=None: cap)
-    return set_gpu
+        tiles._lookup.cache_clear()  # the table answers are cached per (device, shape, T)
+    yield set_gpu
+    tiles._lookup.cache_clear()
 
 
 SHAPES = [(64, 2048, 1024, 8), (128, 2048, 768, 8), (64, 2048, 1408, 6), (8, 4096, 14336, 2), (8, 64, 32, 2)]

@@ -138,7 +138,7 @@ def fit_shared(cfg, limit: int, n_b_tiles: int = 1):
 
 
 @functools.lru_cache(maxsize=None)
-def _props(index: int) -> tuple[str, int]:
+def _props(index: int) -> tuple[str, int]:  # (name, SMs), read once per device
     # TODO(lead): read through runtime.num_sms / a runtime device-name helper once they land.
     p = torch.cuda.get_device_properties(index)
     return p.name, p.multi_processor_count
@@ -165,6 +165,11 @@ def heuristic_gemm(kind: str, block_m: int, dev: torch.device) -> GemmConfig:
     """Tiles for block_m rows without a table: the H200 sweep's winners, shrunk to the device."""
     if interpreting(dev):
         return replace(INTERPRET_CONFIG, block_m=block_m)
+    return _heuristic_gemm(kind, block_m, runtime.max_shared_bytes(dev))
+
+
+@functools.lru_cache(maxsize=None)  # launchers ask on every call: a lookup, not a computation
+def _heuristic_gemm(kind: str, block_m: int, limit: int) -> GemmConfig:
     n_b = 2 if kind == "up" else 1
     if block_m <= 32:  # few rows per expert: weight-bandwidth bound, long K steps
         cfg = GemmConfig(block_m, 64, 128, 4, 3)
@@ -174,7 +179,7 @@ def heuristic_gemm(kind: str, block_m: int, dev: torch.device) -> GemmConfig:
         cfg = GemmConfig(block_m, 256 if block_m <= 128 else 128, 64, 8, 3, 8 if block_m >= 128 else 1)
     while not fits_registers(cfg, n_b) and cfg.block_n > 32:
         cfg = replace(cfg, block_n=cfg.block_n // 2)
-    return fit_shared(cfg, runtime.max_shared_bytes(dev), n_b)
+    return fit_shared(cfg, limit, n_b)
 
 
 def heuristic_decode(T: int, K: int, E: int, H: int, I: int, dev: torch.device) -> DecodeConfig:  # noqa: E741
@@ -183,20 +188,33 @@ def heuristic_decode(T: int, K: int, E: int, H: int, I: int, dev: torch.device) 
     pass usually takes all of an expert's rows and its weights are streamed once."""
     if interpreting(dev):
         return INTERPRET_DECODE
-    base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * _dev_props(dev)[1] else FEW_EXPERTS
+    return _heuristic_decode(T, K, E, I, _dev_props(dev)[1], runtime.max_shared_bytes(dev))
+
+
+@functools.lru_cache(maxsize=4096)
+def _heuristic_decode(T: int, K: int, E: int, I: int, sms: int, limit: int) -> DecodeConfig:  # noqa: E741
+    base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * sms else FEW_EXPERTS
     block_m = min(64, max(16, next_pow2(-(-2 * T * K // E))))
-    return fit_shared(replace(base, block_m=block_m), runtime.max_shared_bytes(dev))
+    return fit_shared(replace(base, block_m=block_m), limit)
 
 
 # ---- the tuned tables ----
 
-def _entry(K: int, E: int, H: int, I: int, dtype, dev) -> dict | None:  # noqa: E741
-    """This device's tuned entry for the shape; env DISPATCH_TILE_TABLE=none ignores tables, =<slug>
-    reads another device's table."""
+def _slug(dev) -> str | None:
+    """Whose table to read: this device's; env DISPATCH_TILE_TABLE=none reads none, =<slug> another's."""
     if interpreting(dev):
         return None
     slug = os.environ.get("DISPATCH_TILE_TABLE") or tables.device_slug(_dev_props(dev)[0])
-    return None if slug == "none" else tables.entry(slug, E, H, I, K, dtype)
+    return None if slug == "none" else slug
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup(slug: str | None, K: int, E: int, H: int, I: int, dtype, T: int, kind: str):  # noqa: E741
+    """The table's answer, cached: ``kind`` "up"/"down"/"decode" → a config or None; "crossover" → int."""
+    e = tables.entry(slug, E, H, I, K, dtype) if slug else None
+    if kind == "crossover":
+        return int(e["crossover"]) if e and "crossover" in e else DECODE_MAX_TOKENS
+    return tuned(e, T, kind)
 
 
 def tuned(entry: dict | None, T: int, kind: str):
@@ -211,8 +229,8 @@ def tuned(entry: dict | None, T: int, kind: str):
 
 def gemm_configs(T: int, K: int, E: int, H: int, I: int, dtype, dev) -> tuple[GemmConfig, GemmConfig]:  # noqa: E741
     """(up, down) tiles for T tokens: the table's, else the heuristics' (they share block_m)."""
-    e = _entry(K, E, H, I, dtype, dev)
-    up, down = tuned(e, T, "up"), tuned(e, T, "down")
+    slug = _slug(dev)
+    up, down = _lookup(slug, K, E, H, I, dtype, T, "up"), _lookup(slug, K, E, H, I, dtype, T, "down")
     if up is not None and down is not None and up.block_m == down.block_m:
         return up, down
     bm = pick_block_m(T * K, E, dev)
@@ -227,13 +245,12 @@ def gemm_config(kind: str, block_m: int, T: int, K: int, E: int, H: int, I: int,
 
 def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev) -> DecodeConfig:  # noqa: E741
     """The decode kernels' tiles for T tokens: the table's, else :func:`heuristic_decode`."""
-    return tuned(_entry(K, E, H, I, dtype, dev), T, "decode") or heuristic_decode(T, K, E, H, I, dev)
+    return _lookup(_slug(dev), K, E, H, I, dtype, T, "decode") or heuristic_decode(T, K, E, H, I, dev)
 
 
 def decode_max_tokens(K: int, E: int, H: int, I: int, dtype, dev) -> int:  # noqa: E741
     """The decode/grouped crossover: the decode path for T ≤ this (tuned per shape, else 64)."""
-    e = _entry(K, E, H, I, dtype, dev)
-    return int(e["crossover"]) if e and "crossover" in e else DECODE_MAX_TOKENS
+    return _lookup(_slug(dev), K, E, H, I, dtype, 0, "crossover")
 
 
 def as_dict(cfg) -> dict:

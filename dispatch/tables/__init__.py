@@ -23,6 +23,7 @@ import re
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
+@functools.lru_cache(maxsize=None)
 def device_slug(name: str) -> str:
     """'NVIDIA H200' → 'h200', 'NVIDIA H100 80GB HBM3' → 'h100-80gb-hbm3' (the results folders' rule)."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "cpu"
