@@ -46,7 +46,7 @@ def test_peer_fused_moe_matches_the_reference(T, E, K, bm):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("T", [1, 64, 2048])
+@pytest.mark.parametrize("T", [1, 64])
 def test_gpu_peer_every_config(T):
     """Every config of the peer computes the layer (bf16): the race compares like with like."""
     import triton

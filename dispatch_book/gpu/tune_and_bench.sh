@@ -16,7 +16,7 @@ start=$(date +%s)
 left() { echo $((530 - ($(date +%s) - start))); }
 
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-timeout 110 python3 -m pytest tests -m gpu -q -x -p no:cacheprovider \
+timeout 120 python3 -m pytest tests -m gpu -q -x -p no:cacheprovider \
     -k "tiles or tune or grouped or gemv or peer" 2>&1 | tail -30 | tee "$OUT/tests.log"
 
 timeout $(( $(left) < 290 ? $(left) : 290 )) python3 -m dispatch.tune --preset all --out "$OUT/h200.json" \
