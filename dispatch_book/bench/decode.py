@@ -130,9 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in a.shapes.split(","):
         rows += measure(name, tokens, dev, dtype)
-    import pathlib
-    path = bench.save("decode", rows, extra={"hbm_bps": H200_HBM_BPS, "dtype": str(dtype)},
-                      out_dir=pathlib.Path(a.out) if a.out else None)
+    path = bench.save("decode", rows, extra={"hbm_bps": H200_HBM_BPS, "dtype": str(dtype)}, out=a.out)
     print(f"wrote {path}")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import pathlib
 import statistics
 import time
 
@@ -225,13 +224,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _save(rows, a, argv, dtype):
-    import inspect
-
     cmd = "python -m dispatch_book.bench kernels " + " ".join(argv or [])
-    where = {}
-    if a.out:  # the harness's keyword for the results root ("out" or, before it, "out_dir")
-        where = {"out" if "out" in inspect.signature(bench.save).parameters else "out_dir": pathlib.Path(a.out)}
-    return bench.save("kernels", rows, command=cmd.strip(), **where,
+    return bench.save("kernels", rows, command=cmd.strip(), out=a.out,
                       extra={"dtype": str(dtype).replace("torch.", ""), "tolerance_rel": TOLERANCE,
                              "ceilings": _ceilings(), "timing": "ours/peer: CUDA graph, median of 7 x 30"})
 
