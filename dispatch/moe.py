@@ -9,10 +9,12 @@ Paths (``path=``):
     "torch"   the plain-PyTorch reference: bitwise ``dispatch.reference.moe_reference``; autograd works
     "triton"  routing kernel → sort → grouped GEMM up+SwiGLU → grouped down×weight → combine
     "decode"  routing kernel → the grouped-GEMV decode kernels (``dispatch.kernels.gemv``)
-    "auto"    on a GPU: "decode" for T ≤ DECODE_MAX_TOKENS, else "triton"; on CPU: "torch" (Triton's
+    "auto"    on a GPU: "decode" for T ≤ the shape's crossover (``tiles.decode_max_tokens``: the device's
+              tuned table, else DECODE_MAX_TOKENS), else "triton"; on CPU: "torch" (Triton's
               interpreter is for tests: it runs only when asked for with "triton" or "decode")
 ``tiles=`` pins the chosen path's tiles: a ``GemmConfig`` for "triton", a ``DecodeConfig`` for "decode"
-(a mismatch is a ValueError). The router matmul and the shared expert run in torch on every path.
+(a mismatch is a ValueError); unpinned, they come from the tile policy (:mod:`dispatch.kernels.tiles`).
+The router matmul and the shared expert run in torch on every path.
 The kernel paths are ``torch.library`` ops: ``torch.compile`` traces through them, CUDA graphs capture
 them (no host sync), and a backward through them raises (train with path="torch").
 Bad ids and non-finite tokens: see :mod:`dispatch.kernels.checks` (``check_ids=True`` to raise).
@@ -25,27 +27,25 @@ from torch import nn
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.hf import config_from_hf, weights_from_hf
 from dispatch.kernels.checks import check_launch
-from dispatch.kernels.gemm_config import GemmConfig
-from dispatch.kernels.gemv import DecodeConfig, moe_decode
+from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.routing import route
+from dispatch.kernels.tiles import DECODE_MAX_TOKENS, DecodeConfig, GemmConfig, decode_max_tokens
 from dispatch.reference import check_input, experts_reference, route_reference, router_logits, shared_reference
 
 PATHS = ("auto", "triton", "decode", "torch")
-# Measured on the H200 (results/h200/kernels.json, four shapes): the decode kernels win clearly at
-# 1-8 tokens; at 64 tokens they win on three shapes of four (Qwen3's 128 experts: the grouped GEMM).
-DECODE_MAX_TOKENS = 64
 TILES = {"triton": GemmConfig, "decode": DecodeConfig}  # the tile config each kernel path takes
 
 
-def pick_path(x_TH: torch.Tensor, path: str = "auto") -> str:
-    """Which path runs ``x_TH`` [T, H] (ValueError for a path that cannot run it here)."""
+def pick_path(x_TH: torch.Tensor, path: str = "auto", crossover: int = DECODE_MAX_TOKENS) -> str:
+    """Which path runs ``x_TH`` [T, H] (ValueError for a path that cannot run it here). ``crossover``:
+    "auto" takes "decode" for T ≤ it (:func:`dispatch.kernels.tiles.decode_max_tokens` per shape)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "auto":
         if not x_TH.is_cuda:
             return "torch"
-        return "decode" if x_TH.shape[0] <= DECODE_MAX_TOKENS else "triton"
+        return "decode" if x_TH.shape[0] <= crossover else "triton"
     if path != "torch":
         check_launch(f"path={path!r}", x_TH)
     return path
@@ -70,7 +70,10 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
     if x_TH.device != w.router_EH.device or x_TH.dtype != w.gate_up_E2IH.dtype:
         raise ValueError(f"x is {x_TH.dtype} on {x_TH.device} but the weights are {w.gate_up_E2IH.dtype} "
                          f"on {w.router_EH.device}")
-    chosen = pick_path(x_TH, path)
+    crossover = DECODE_MAX_TOKENS
+    if path == "auto" and x_TH.is_cuda:  # the shape's tuned crossover (a cached lookup)
+        crossover = decode_max_tokens(cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, x_TH.device)
+    chosen = pick_path(x_TH, path, crossover)
     _check_tiles(tiles, path, chosen)
     if x_TH.shape[0] == 0:
         return x.new_zeros(x.shape)

@@ -2,7 +2,7 @@
 
 Each builds the *global* inputs from a seed (identical on every rank), runs one design of the
 expert-parallel layer on its own slice of tokens and compares its rows with the one-device layer
-built from the same kernels (``MoELayer(path="triton", config=<pinned tiles>)``), bit for bit.
+built from the same kernels (``MoELayer(path="triton", tiles=<pinned tiles>)``), bit for bit.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def check_case(case: Case, device="cpu", transport="collective") -> dict:
         raise ValueError(f"case {case.name!r} has token counts for {len(case.tokens_R)} ranks, world has {R}")
     x_TH, weights_TK, ids_TK, w = case_inputs(case, device)
     config, mine = pinned_config(x_TH.device), _mine(case)
-    one = MoELayer(case.cfg, w, path="triton", config=config)
+    one = MoELayer(case.cfg, w, path="triton", tiles=config)
     placement = case.placement or Placement.contiguous(case.cfg.num_experts, R)
     capacity = max(max(case.tokens_R), 1) if case.capacity else None
     if transport == "p2p":

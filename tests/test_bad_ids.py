@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch import MoEConfig, MoELayer, moe, random_weights
-from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.kernels.gemv import DecodeConfig, decode_loop_torch, moe_decode, moe_decode_torch
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.persistent import moe_experts_persistent

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 import dispatch  # noqa: F401
-from dispatch.config import MoEConfig, PRESETS, random_weights
-from dispatch_book.bench.kernels import contestants
+from dispatch.config import PRESETS, MoEConfig, random_weights
 from dispatch.reference import moe_reference, route_reference, router_logits
+from dispatch_book.bench.kernels import contestants
 
 CFGS = {"tiny": PRESETS["tiny"], "shared": MoEConfig(64, 32, 8, 2, shared_intermediate_size=48, family="deepseek_moe")}
 
@@ -23,4 +23,50 @@ def test_every_contestant_matches_the_reference(name, T):
     for cname, (fn, reason) in out.items():
         if fn is None or reason is not None:
             continue
-        torch.testing.assert_close(fn().float(), want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{cname}: {m}")
+        torch.testing.assert_close(fn().float(), want, rtol=1e-5, atol=1e-5, msg=lambda m, c=cname: f"{c}: {m}")
+
+
+@pytest.mark.parametrize("T,E,K,bm", [(1, 8, 2, 16), (9, 4, 2, 16), (20, 8, 3, 32)])
+def test_peer_fused_moe_matches_the_reference(T, E, K, bm):
+    from dispatch.reference import experts_reference
+    from dispatch_book.bench import peers
+
+    g = torch.Generator().manual_seed(T)
+    H, I = 48, 40  # noqa: E741  (ragged tiles)
+    x = torch.randn(T, H, generator=g)
+    gate_up, down = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5, torch.randn(E, H, I, generator=g) / I ** 0.5
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=g)
+    aligned = peers.align(ids, E, bm)
+    sorted_ids, expert_ids, used = aligned
+    assert int(used) % bm == 0 and sorted(sorted_ids[sorted_ids < T * K].tolist()) == list(range(T * K))
+    y = peers.fused_moe(x, w, ids, gate_up, down, aligned, (bm, 32, 32, 2, 4, 1))
+    torch.testing.assert_close(y, experts_reference(x, w, ids, gate_up, down), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("T", [1, 64])
+def test_gpu_peer_every_config(T):
+    """Every config of the peer computes the layer (bf16): the race compares like with like."""
+    import triton
+
+    from dispatch import runtime
+    from dispatch.reference import experts_reference
+    from dispatch_book.bench import peers
+
+    cfg, dt = PRESETS["olmoe-1b-7b"], runtime.compute_dtype()
+    w = random_weights(cfg, dtype=dt, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, cfg.H, device="cuda", generator=g).to(dt)
+    wts, ids = route_reference(torch.randn(T, cfg.E, device="cuda", generator=g), cfg)
+    ref = experts_reference(x, wts.to(dt), ids, w.gate_up_E2IH, w.down_EHI).float()
+    ran = 0
+    for c in peers.CONFIGS:
+        try:
+            y = peers.fused_moe(x, wts, ids, w.gate_up_E2IH, w.down_EHI, peers.align(ids, cfg.E, c[0]), c)
+        except triton.runtime.errors.OutOfResources:  # the race skips a config this GPU cannot hold
+            continue
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2, c
+        ran += 1
+    assert ran >= len(peers.CONFIGS) - 2

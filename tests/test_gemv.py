@@ -45,7 +45,7 @@ def test_random_shapes_and_routings(T, E, K, H, I, seed, skew, programs):  # noq
     if skew and T:  # crowd most rows onto the first few experts, leave others empty
         ids = torch.stack([torch.arange(K) + (t % 2) * (E - K) for t in range(T)]) if E > K else ids
     # programs=1: one program per used expert loops over all of its tiles
-    config = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, block_c=64, num_stages=1,
+    config = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1,
                           programs=programs)
     check((x, w, ids, gu, dn), config=config)
 

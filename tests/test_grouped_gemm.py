@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dispatch import runtime
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels.combine import combine, combine_torch
-from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.kernels.persistent import moe_experts_persistent
 from dispatch.kernels.sort import sort_by_expert_torch
 from dispatch.reference import experts_reference

@@ -8,7 +8,7 @@ import torch
 
 from dispatch import MoEConfig, MoELayer, random_weights
 from dispatch.kernels.combine import combine
-from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.kernels.gemv import DecodeConfig
 
 CFG = MoEConfig(32, 16, 8, 2, norm_topk_prob=True, shared_intermediate_size=16)

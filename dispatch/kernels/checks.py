@@ -52,25 +52,16 @@ def check_ids_in_range(ids_TK: torch.Tensor, num_experts: int) -> None:
                          "rows contribute nothing)")
 
 
-def check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *,
-                         check_ids: bool = False) -> tuple[int, int, int, int, int]:
-    """Raise ValueError naming what was expected, before any kernel runs; return (T, K, E, H, I).
-
-    x_TH [T, H] floating; weights_TK [T, K] floating; ids_TK [T, K] int32/int64 with 1 <= K <= E;
-    gate_up_E2IH [E, 2I, H] and down_EHI [E, H, I] in x's dtype; all on one device.
-    ``check_ids``: also refuse ids outside [0, E) (one host sync; by default they add nothing).
-    """
-    for name, t in (("x_TH", x_TH), ("weights_TK", weights_TK), ("ids_TK", ids_TK),
-                    ("gate_up_E2IH", gate_up_E2IH), ("down_EHI", down_EHI)):
+def check_routing_inputs(x_TH, weights_TK, ids_TK, num_experts: int, *,
+                         check_ids: bool = False) -> tuple[int, int]:
+    """The routing half of the contract (also what expert parallelism checks before sending tokens):
+    x_TH [T, H] floating, ids_TK [T, K] int32/int64 with 1 <= K <= E, weights_TK floating like ids_TK,
+    all three on one device. ``check_ids``: also refuse ids outside [0, E). Returns (T, K)."""
+    for name, t in (("x_TH", x_TH), ("weights_TK", weights_TK), ("ids_TK", ids_TK)):
         check_tensor(name, t)
     if x_TH.dim() != 2 or not x_TH.is_floating_point():
         raise ValueError(f"x_TH must be a floating [T, H] tensor, got {x_TH.dtype} {tuple(x_TH.shape)}")
-    T, H = x_TH.shape
-    if gate_up_E2IH.dim() != 3 or gate_up_E2IH.shape[2] != H or gate_up_E2IH.shape[1] % 2 or not gate_up_E2IH.shape[1]:
-        raise ValueError(f"gate_up_E2IH must be [E, 2I, H={H}] with I >= 1, got {tuple(gate_up_E2IH.shape)}")
-    E, I = gate_up_E2IH.shape[0], gate_up_E2IH.shape[1] // 2
-    if tuple(down_EHI.shape) != (E, H, I):
-        raise ValueError(f"down_EHI must be [E={E}, H={H}, I={I}], got {tuple(down_EHI.shape)}")
+    T = x_TH.shape[0]
     if ids_TK.dim() != 2 or ids_TK.shape[0] != T or ids_TK.shape[1] < 1:
         raise ValueError(f"ids_TK must be [T={T}, K >= 1], got {tuple(ids_TK.shape)}")
     if ids_TK.dtype not in (torch.int32, torch.int64):
@@ -79,12 +70,39 @@ def check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *,
         raise ValueError(f"weights_TK must be a floating tensor shaped like ids_TK {tuple(ids_TK.shape)}, "
                          f"got {weights_TK.dtype} {tuple(weights_TK.shape)}")
     K = ids_TK.shape[1]
-    if K > E:
-        raise ValueError(f"K={K} experts per token is more than the E={E} experts there are")
+    if K > num_experts:
+        raise ValueError(f"K={K} experts per token is more than the E={num_experts} experts there are")
+    devices = {t.device for t in (x_TH, weights_TK, ids_TK)}
+    if len(devices) > 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+    if check_ids:
+        check_ids_in_range(ids_TK, num_experts)
+    return T, K
+
+
+def check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *,
+                         check_ids: bool = False) -> tuple[int, int, int, int, int]:
+    """Raise ValueError naming what was expected, before any kernel runs; return (T, K, E, H, I).
+
+    x_TH [T, H] floating; weights_TK [T, K] floating; ids_TK [T, K] int32/int64 with 1 <= K <= E;
+    gate_up_E2IH [E, 2I, H] and down_EHI [E, H, I] in x's dtype; all on one device.
+    ``check_ids``: also refuse ids outside [0, E) (one host sync; by default they add nothing).
+    """
+    for name, t in (("x_TH", x_TH), ("gate_up_E2IH", gate_up_E2IH), ("down_EHI", down_EHI)):
+        check_tensor(name, t)
+    if x_TH.dim() != 2 or not x_TH.is_floating_point():
+        raise ValueError(f"x_TH must be a floating [T, H] tensor, got {x_TH.dtype} {tuple(x_TH.shape)}")
+    H = x_TH.shape[1]
+    if gate_up_E2IH.dim() != 3 or gate_up_E2IH.shape[2] != H or gate_up_E2IH.shape[1] % 2 or not gate_up_E2IH.shape[1]:
+        raise ValueError(f"gate_up_E2IH must be [E, 2I, H={H}] with I >= 1, got {tuple(gate_up_E2IH.shape)}")
+    E, I = gate_up_E2IH.shape[0], gate_up_E2IH.shape[1] // 2  # noqa: E741
+    if tuple(down_EHI.shape) != (E, H, I):
+        raise ValueError(f"down_EHI must be [E={E}, H={H}, I={I}], got {tuple(down_EHI.shape)}")
+    T, K = check_routing_inputs(x_TH, weights_TK, ids_TK, E)
     if not (x_TH.dtype == gate_up_E2IH.dtype == down_EHI.dtype):
         raise ValueError(f"x_TH, gate_up_E2IH and down_EHI must share one dtype, got "
                          f"{x_TH.dtype}, {gate_up_E2IH.dtype}, {down_EHI.dtype}")
-    devices = {t.device for t in (x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)}
+    devices = {t.device for t in (x_TH, gate_up_E2IH, down_EHI)}
     if len(devices) > 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
     if check_ids:

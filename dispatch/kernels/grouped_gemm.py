@@ -20,12 +20,11 @@ import triton
 import triton.language as tl
 from torch.library import custom_op
 
-from dispatch import runtime
-from dispatch.kernels import gemm_config as gc
+from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl
-from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.sort import sort_by_expert
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.reference import swiglu
 
 
@@ -67,14 +66,30 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
 
 
 @triton.jit
+def _swizzle(GROUP_M: tl.constexpr):
+    """(block, column tile) of this program. Launch order walks GROUP_M blocks × every column tile,
+    then the next GROUP_M blocks: programs in flight together share x rows and weight tiles in L2."""
+    pid_b, pid_n = tl.program_id(0), tl.program_id(1)
+    if GROUP_M > 1:
+        nb = tl.num_programs(0)
+        pid = pid_n * nb + pid_b  # the hardware's launch order (x fastest)
+        width = GROUP_M * tl.num_programs(1)
+        first = (pid // width) * GROUP_M
+        rows = tl.minimum(nb - first, GROUP_M)
+        pid_b = first + (pid % width) % rows
+        pid_n = (pid % width) // rows
+    return pid_b, pid_n
+
+
+@triton.jit
 def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET,
                       s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
                       TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    pid_b = tl.program_id(0)
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:  # blocks past the used ones do nothing
-        _up_tile(pid_b, tl.program_id(1), e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
+        _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                  s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
@@ -112,11 +127,12 @@ def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_BUCKET,
                  s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    pid_b = tl.program_id(0)
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:
-        _down_tile(pid_b, tl.program_id(1), e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
+        _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
                    s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
@@ -126,22 +142,14 @@ def _even_k(kdim_name):
 
 _up_pinned = triton.heuristics(_even_k("H"))(_up_swiglu_kernel)
 _down_pinned = triton.heuristics(_even_k("I"))(_down_kernel)
-_up_tuned = triton.autotune(gc.autotune_configs("up"), key=["N_BUCKET", "H", "I", "BLOCK_M"],
-                            prune_configs_by={"early_config_prune": gc.make_pruner(2)})(_up_pinned)
-_down_tuned = triton.autotune(gc.autotune_configs("down"), key=["N_BUCKET", "H", "I", "BLOCK_M"],
-                              prune_configs_by={"early_config_prune": gc.make_pruner(1)})(_down_pinned)
 
 
-def _launch(pinned, tuned, grid_fn, args, block_m, config: GemmConfig | None, **const):
-    """Run with a pinned config (interpreter: always) or let the autotuner pick BLOCK_N/K/warps/stages."""
-    if config is None and runtime.INTERPRET:
-        config = gc.INTERPRET_CONFIG
-    if config is not None:
-        meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
-        pinned[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const,
-                              num_warps=config.num_warps, num_stages=config.num_stages)
-    else:
-        tuned[grid_fn](*args, BLOCK_M=block_m, **const)
+def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, shape, **const):
+    """Launch with ``config``, else the tile policy's choice for ``shape`` = (T, K, E, H, I, dtype, device)."""
+    config = config or tiles.gemm_config(kind, block_m, *shape)
+    meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
+    kernel[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const, GROUP_M=config.group_m,
+                          num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def _check_routes(routes, n_rows: int, block_m: int | None = None):
@@ -184,9 +192,10 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH: torch.Tensor, *,
     bm = _check_routes(routes, N, config.block_m if config else None)
     P, B = routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
-    args = (x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, gc.next_pow2(N),
+    args = (x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
             *x_TH.stride(), *gate_up_E2IH.stride(), *h_PI.stride())
-    _launch(_up_pinned, _up_tuned, lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config, TOP_K=top_k)
+    _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
+            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k)
     return h_PI
 
 
@@ -216,41 +225,52 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI: torch.Tensor, weights_TK:
     B = routes.block_expert_B.numel()
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=h_PI.device, dtype=h_PI.dtype)
-    args = (h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, gc.next_pow2(N),
+    args = (h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
             *h_PI.stride(), *down_EHI.stride(), *out_NH.stride())
-    _launch(_down_pinned, _down_tuned, lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config)
+    _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,
+            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device))
     return out_NH
 
 
 def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: GemmConfig | None = None,
-                check_ids: bool = False) -> torch.Tensor:
+                configs: tuple[GemmConfig, GemmConfig] | None = None, check_ids: bool = False) -> torch.Tensor:
     """The routed experts: sort → grouped up+SwiGLU → grouped down×weight → combine.  → y_TH [T, H].
 
     Same math as ``reference.experts_reference``; fp32 accumulation everywhere, a token's K
     contributions summed in k order. ``config`` pins all tile sizes (rows then do not depend on
-    each other: bitwise the same whether computed alone or in a batch). Ids outside [0, E) add
-    nothing (``check_ids=True``: raise instead, one host sync); see :mod:`dispatch.kernels.checks`.
+    each other: bitwise the same whether computed alone or in a batch); ``configs`` = (up, down) pins
+    each kernel's own (same block_m). Default: :func:`dispatch.kernels.tiles.gemm_configs`. Ids outside
+    [0, E) add nothing (``check_ids=True``: raise instead, one host sync); see :mod:`dispatch.kernels.checks`.
     Registered as ``torch.ops.dispatch.moe_experts`` (``torch.compile`` keeps it whole; no backward).
     """
     check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
-    if config is not None and not isinstance(config, GemmConfig):
-        raise ValueError(f"config must be a GemmConfig (tiles of the grouped GEMM), got {type(config).__name__}")
+    if config is not None and configs is not None:
+        raise ValueError("pass config (one for both kernels) or configs (up, down), not both")
+    pinned = (config, config) if config is not None else configs
+    if pinned is not None:
+        if len(pinned) != 2 or not all(isinstance(c, GemmConfig) for c in pinned):
+            raise ValueError(f"config must be a GemmConfig and configs a pair (up, down) of them, got {pinned!r}")
+        if pinned[0].block_m != pinned[1].block_m:
+            raise ValueError(f"up and down configs must share block_m, got {pinned[0].block_m} and {pinned[1].block_m}")
     check_launch("moe_experts", x_TH)
-    tiles = list(dataclasses.astuple(config)) if config is not None else None
+    tile_ints = [v for c in pinned for v in dataclasses.astuple(c)] if pinned is not None else None
     op = torch.ops.dispatch.moe_experts if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_experts_impl
-    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tiles)
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints)
 
 
 def _moe_experts_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
-                    down_EHI: torch.Tensor, tiles: list[int] | None) -> torch.Tensor:
+                      down_EHI: torch.Tensor, tile_ints: list[int] | None) -> torch.Tensor:
+    """The launches behind :func:`moe_experts` (inputs checked; ``tile_ints``: up then down config, or None)."""
     (T, H), (K, E) = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0])
     if T == 0:
         return x_TH.new_zeros(0, H)
-    config = GemmConfig(*tiles) if tiles is not None else None
-    bm = config.block_m if config else gc.pick_block_m(T * K, E, x_TH.device)
-    routes = sort_by_expert(ids_TK, E, bm)
-    h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=config)
-    out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=config)
+    n = len(dataclasses.fields(GemmConfig))
+    configs = (GemmConfig(*tile_ints[:n]), GemmConfig(*tile_ints[n:])) if tile_ints is not None else None
+    up, down = configs if configs is not None else tiles.gemm_configs(
+        T, K, E, H, down_EHI.shape[2], x_TH.dtype, x_TH.device)
+    routes = sort_by_expert(ids_TK, E, up.block_m)
+    h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=up)
+    out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=down)
     return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)
 
 
@@ -258,7 +278,7 @@ _moe_experts_op = custom_op("dispatch::moe_experts", _moe_experts_impl, mutates_
 
 
 @_moe_experts_op.register_fake
-def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tiles):
+def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints):
     return torch.empty_like(x_TH)
 
 

@@ -10,18 +10,15 @@ differs. It is kept as a benchmark contestant: see chapter 2 for where it wins, 
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
 
 from dispatch import runtime
-from dispatch.kernels import gemm_config as gc
 from dispatch.kernels import grouped_gemm as gg
+from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.combine import combine
-from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.sort import sort_by_expert
 
 
@@ -53,40 +50,16 @@ def _down_persistent_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, 
                       s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
-def default_configs(num_rows: int, num_experts: int, dev: torch.device) -> tuple[GemmConfig, GemmConfig]:
-    """(up, down) tiles: the H200 sweep's best at large N (results/h200/kernels_sweep.json)."""
-    if runtime.INTERPRET or dev.type != "cuda":
-        return gc.INTERPRET_CONFIG, gc.INTERPRET_CONFIG
-    bm = gc.pick_block_m(num_rows, num_experts, dev)
-    up, down = GemmConfig(bm, 128, 64, 8, 3), GemmConfig(bm, 256 if bm <= 128 else 128, 64, 8, 3)
-    limit = runtime.max_shared_bytes(dev)
-    return fit_shared(up, 2, limit), fit_shared(down, 1, limit)
-
-
-def fit_shared(cfg: GemmConfig, n_b_tiles: int, limit: int) -> GemmConfig:
-    """``cfg``, shrunk (stages, then BLOCK_N, then BLOCK_K) until its pipelined tiles fit ``limit``
-    bytes of shared memory: the H200's tiles need ~120 KiB, a T4 (sm_75) has 64 KiB."""
-    while gc.shared_bytes(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, n_b_tiles, 2) > limit:
-        if cfg.num_stages > 2:
-            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
-        elif cfg.block_n > 32:
-            cfg = replace(cfg, block_n=cfg.block_n // 2)
-        elif cfg.block_k > 16:
-            cfg = replace(cfg, block_k=cfg.block_k // 2)
-        else:
-            break
-    return cfg
-
-
 def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None,
                            check_ids: bool = False):
     """Same contract as ``grouped_gemm.moe_experts`` (bad-id policy included), with persistent up and
-    down kernels (a benchmark contestant: not registered as an op)."""
+    down kernels (a benchmark contestant: not registered as an op). Tiles: ``configs`` = (up, down),
+    default :func:`dispatch.kernels.tiles.gemm_configs` (its ``group_m`` is unused here)."""
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
     check_launch("moe_experts_persistent", x_TH)
     if T == 0:
         return x_TH.new_zeros(0, H)
-    cu, cd = configs or default_configs(T * K, E, x_TH.device)
+    cu, cd = configs or tiles.gemm_configs(T, K, E, H, I, x_TH.dtype, x_TH.device)
     if cu.block_m != cd.block_m:
         raise ValueError(f"up and down configs must share block_m, got {cu.block_m} and {cd.block_m}")
     routes = sort_by_expert(ids_TK, E, cu.block_m)

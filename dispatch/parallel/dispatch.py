@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dispatch.kernels.checks import check_ids_in_range, check_routing_inputs
 from dispatch.kernels.combine import combine as combine_k
 from dispatch.parallel.placement import Placement
 
@@ -48,26 +49,17 @@ class DispatchMeta:
 
 def check_routing(x_TH, weights_TK, ids_TK, num_experts: int, hidden: int, top_k: int,
                   check_ids: bool | None = None) -> None:
-    """ValueError unless x_TH [T, H], weights_TK float [T, K], ids_TK int [T, K]; with ``check_ids``
-    (default: on CPU; on a GPU it would cost a host sync) also ids in [0, E). Unchecked, a row
-    whose id lies outside [0, E) is computed nowhere and contributes nothing."""
-    for name, t in (("x_TH", x_TH), ("weights_TK", weights_TK), ("ids_TK", ids_TK)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if x_TH.dim() != 2 or x_TH.shape[1] != hidden or not x_TH.is_floating_point():
-        raise ValueError(f"x_TH must be a floating [T, H={hidden}] tensor, got {x_TH.dtype} {tuple(x_TH.shape)}")
-    T = x_TH.shape[0]
-    if tuple(ids_TK.shape) != (T, top_k) or ids_TK.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"ids_TK must be an int32/int64 [T={T}, K={top_k}] tensor, got {ids_TK.dtype} "
-                         f"{tuple(ids_TK.shape)}")
-    if tuple(weights_TK.shape) != (T, top_k) or not weights_TK.is_floating_point():
-        raise ValueError(f"weights_TK must be a floating [T={T}, K={top_k}] tensor, got {weights_TK.dtype} "
-                         f"{tuple(weights_TK.shape)}")
-    if check_ids is None:
-        check_ids = x_TH.device.type == "cpu"
-    if check_ids and ids_TK.numel() and not bool(((ids_TK >= 0) & (ids_TK < num_experts)).all()):
-        raise ValueError(f"ids_TK must hold expert ids in [0, {num_experts}), got min {int(ids_TK.min())} "
-                         f"max {int(ids_TK.max())}")
+    """ValueError unless the routing passes :func:`dispatch.kernels.checks.check_routing_inputs` and
+    fits this layer (H = ``hidden``, K = ``top_k``); ``check_ids`` (default: on CPU; on a GPU it would
+    cost a host sync) also refuses ids outside [0, E). Unchecked, a row whose id lies outside [0, E)
+    is computed nowhere and contributes nothing."""
+    T, K = check_routing_inputs(x_TH, weights_TK, ids_TK, num_experts)
+    if x_TH.shape[1] != hidden:
+        raise ValueError(f"x_TH must be [T, H={hidden}], got {tuple(x_TH.shape)}")
+    if K != top_k:
+        raise ValueError(f"ids_TK and weights_TK must be [T={T}, K={top_k}], got {tuple(ids_TK.shape)}")
+    if x_TH.device.type == "cpu" if check_ids is None else check_ids:
+        check_ids_in_range(ids_TK, num_experts)
 
 
 def plan(ids_TK: torch.Tensor, placement: Placement, rank: int):

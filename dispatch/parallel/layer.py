@@ -10,7 +10,7 @@
 Rank r keeps only ``placement.slots_RS[r]``'s experts; router and shared expert are replicated.
 Bit-identity: the grouped GEMM runs with a pinned :class:`GemmConfig`, so a routed row's output
 depends only on that row (token, expert, weight), never on which other rows share its tiles. The
-same layer on one device, ``MoELayer(cfg, w, path="triton", config=<the same config>)``, then gives
+same layer on one device, ``MoELayer(cfg, w, path="triton", tiles=<the same config>)``, then gives
 the same bits for the same tokens, at every world size and with replicated experts.
 """
 from __future__ import annotations
@@ -19,14 +19,12 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import triton
 from torch import nn
 
-from dispatch import runtime
 from dispatch.config import MoEConfig
-from dispatch.kernels import gemm_config as gc
-from dispatch.kernels import gemv
-from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
+from dispatch.kernels import tiles
+from dispatch.kernels.checks import check_launch
+from dispatch.kernels.gemv import decode_rows
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
 from dispatch.kernels.routing import route
 from dispatch.kernels.sort import sort_by_expert
@@ -37,44 +35,24 @@ from dispatch.parallel.placement import Placement
 from dispatch.reference import check_input, router_logits, shared_reference
 
 
-def pinned_config(device) -> gc.GemmConfig:
+def pinned_config(device) -> tiles.GemmConfig:
     """The tile config both the expert-parallel layer and its one-device twin use by default."""
-    return gc.INTERPRET_CONFIG if runtime.INTERPRET or torch.device(device).type != "cuda" else gc.GemmConfig()
+    return tiles.INTERPRET_CONFIG if tiles.interpreting(device) else tiles.GemmConfig()
 
 
-def pinned_decode_config(device) -> gemv.DecodeConfig:
+def pinned_decode_config(device) -> tiles.DecodeConfig:
     """The decode path's tiles for both the expert-parallel layer and ``moe_decode(..., config=)``."""
-    return gemv.INTERPRETER if runtime.INTERPRET or torch.device(device).type != "cuda" else gemv.FEW_EXPERTS
+    return tiles.INTERPRET_DECODE if tiles.interpreting(device) else tiles.FEW_EXPERTS
 
 
-def local_decode(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg: gemv.DecodeConfig) -> torch.Tensor:
+def local_decode(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg: tiles.DecodeConfig) -> torch.Tensor:
     """The decode kernels (few rows) on the received tokens: rows m·K + k with slots_MK < L →
     out_VH [M·K, H] in fp32, weighted (the decode path sums fp32 rows, so they travel in fp32).
     Slot L lies outside [0, L): the kernels never form a group for it."""
-    M, K = slots_MK.shape
-    L, H, I = gate_up_L2IH.shape[0], x_MH.shape[1], down_LHI.shape[2]
-    out_VH = torch.empty(M * K, H, dtype=torch.float32, device=x_MH.device)
-    if M == 0 or L == 0:
-        return out_VH
-    # TODO(lib): the first two launches of moe_decode, as a function returning out_NH, would replace these.
-    x_MH, slots_MK, weights_MK = x_MH.contiguous(), slots_MK.contiguous(), weights_MK.float().contiguous()
-    N, slots = M * K, min(L, M * K)
-    block_e = max(16, triton.next_power_of_2(L))
-    chunk_n = max(16, min(triton.next_power_of_2(N), 8192 // block_e))
-    h_VI = torch.empty(N, I, dtype=x_MH.dtype, device=x_MH.device)
-    _up_swiglu_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(I, cfg.block_i)))](
-        x_MH, slots_MK, gate_up_L2IH, h_VI, N, K, L, H, I, x_MH.stride(0), slots_MK.stride(0), slots_MK.stride(1),
-        gate_up_L2IH.stride(0), gate_up_L2IH.stride(1), h_VI.stride(0), BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i,
-        BLOCK_H=cfg.block_h, BLOCK_E=block_e, CHUNK_N=chunk_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-    _down_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
-        h_VI, slots_MK, weights_MK, down_LHI, out_VH, N, K, L, H, I, slots_MK.stride(0), slots_MK.stride(1),
-        weights_MK.stride(0), weights_MK.stride(1), down_LHI.stride(0), down_LHI.stride(1), h_VI.stride(0),
-        out_VH.stride(0), BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=block_e,
-        CHUNK_N=chunk_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-    return out_VH
+    return decode_rows(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg)
 
 
-def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: gc.GemmConfig) -> torch.Tensor:
+def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: tiles.GemmConfig) -> torch.Tensor:
     """Rows m·K + k with slots_MK[m, k] < L through local expert slots_MK[m, k] (grouped GEMM,
     weighted): → out_VH [M·K, H] in x's dtype. Rows with slot L are not computed (left unset)."""
     M, K = slots_MK.shape
@@ -94,7 +72,7 @@ class ExpertParallelMoE(nn.Module):
 
     capacity: None (exact splits, one host sync per call) or C, the most tokens any rank passes
     (static splits, no host sync: CUDA-graph capturable). path: "grouped" (the grouped GEMM, tiles
-    ``config``, default :func:`pinned_config`; twin ``MoELayer(path="triton", config=...)``) or
+    ``config``, default :func:`pinned_config`; twin ``MoELayer(path="triton", tiles=...)``) or
     "decode" (the decode kernels for few rows, tiles ``decode_config``, default
     :func:`pinned_decode_config`; twin ``moe_decode(..., config=...)``). transport: "collective"
     (all_to_all_single over NCCL/gloo) or a :class:`dispatch.parallel.p2p.P2PTransport` (for
@@ -102,8 +80,8 @@ class ExpertParallelMoE(nn.Module):
     """
 
     def __init__(self, cfg: MoEConfig, weights, placement: Placement | None = None, *, group=None,
-                 capacity: int | None = None, config: gc.GemmConfig | None = None, transport="collective",
-                 path: str = "grouped", decode_config: gemv.DecodeConfig | None = None):
+                 capacity: int | None = None, config: tiles.GemmConfig | None = None, transport="collective",
+                 path: str = "grouped", decode_config: tiles.DecodeConfig | None = None):
         super().__init__()
         weights.validate(cfg)
         if path not in ("grouped", "decode"):
@@ -136,7 +114,10 @@ class ExpertParallelMoE(nn.Module):
         """The expert-parallel form of ``layer`` (its config, weights and pinned tiles, if any)."""
         if not isinstance(layer, MoELayer):
             raise ValueError(f"layer must be a dispatch.MoELayer, got {type(layer).__name__}")
-        kw.setdefault("config", layer.gemm_config)
+        if isinstance(layer.tiles, tiles.GemmConfig):
+            kw.setdefault("config", layer.tiles)
+        elif isinstance(layer.tiles, tiles.DecodeConfig):
+            kw.setdefault("decode_config", layer.tiles)
         return cls(layer.cfg, layer.weights, placement, group=group, **kw)
 
     def experts(self, x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, *,
@@ -147,9 +128,7 @@ class ExpertParallelMoE(nn.Module):
         check_routing(x_TH, weights_TK, ids_TK, cfg.num_experts, cfg.hidden_size, cfg.top_k, check_ids)
         if x_TH.dtype != self.gate_up_L2IH.dtype:
             raise ValueError(f"x has dtype {x_TH.dtype} but the expert weights are {self.gate_up_L2IH.dtype}")
-        if not runtime.triton_ok(x_TH) or (x_TH.device.type == "cpu" and x_TH.dtype == torch.bfloat16):
-            raise ValueError(f"the expert kernels need CUDA, or fp32/fp16 on CPU under TRITON_INTERPRET=1 "
-                             f"(x is {x_TH.dtype} on {x_TH.device})")
+        check_launch("ExpertParallelMoE.experts", x_TH)
         if self.transport == "collective":
             x_MH, weights_MK, slots_MK, meta = dispatch(x_TH, weights_TK, ids_TK, self.placement, self.group,
                                                         capacity=self.capacity, check_ids=False)

@@ -44,10 +44,7 @@ class P2PConfig:
     block_h: int = 2048  # most elements of a row per store; H up to this in one go
 
     def programs(self, blocks: int, device) -> int:
-        sms = runtime.num_sms(device) if hasattr(runtime, "num_sms") else (
-            torch.cuda.get_device_properties(device).multi_processor_count if torch.device(device).type == "cuda"
-            else 4)
-        return max(1, min(blocks, self.programs_per_sm * sms))
+        return max(1, min(blocks, self.programs_per_sm * runtime.num_sms(device)))
 
 
 @triton.jit

@@ -103,7 +103,7 @@ def run(args, rank, R) -> list[dict]:
     check_same_everywhere(cfg=cfg, tokens=tokens, dtype=dtype, reps=args.reps)
     placement, config = Placement.contiguous(cfg.num_experts, R), pinned_config(device)
     w = random_weights(cfg, seed=0, dtype=dtype, device=device)
-    one = MoELayer(cfg, w, path="triton", config=config)
+    one = MoELayer(cfg, w, path="triton", tiles=config)
     rows, H, K, esize = [], cfg.hidden_size, cfg.top_k, torch.finfo(dtype).bits // 8
     coll = dist.get_backend()  # "nccl" on GPUs, "gloo" on CPU ranks: names the collective contestants
     say = print if rank == 0 else (lambda *a, **k: None)

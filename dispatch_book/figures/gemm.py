@@ -60,14 +60,15 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
     rows = doc["rows"]
     shapes = shapes or list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.3 * len(shapes), 3.8), squeeze=False, sharey=True)
-    for ax, shape in zip(axes[0], shapes):
+    for ax, shape in zip(axes[0], shapes, strict=False):
         rs = [r for r in rows if r["shape"] == shape and "tflops" in r]
         names = contestants or list(dict.fromkeys(r["contestant"] for r in rs))
         for name in names:
             pts = sorted((r["tokens"], r["tflops"]) for r in rs if r["contestant"] == name)
             if pts:
                 base, ls = STYLE.get(name, (name, "-"))
-                ax.plot(*zip(*pts), marker="o", ms=3, ls=ls, color=color(base), label=LABELS.get(name, name))
+                ax.plot(*zip(*pts, strict=False), marker="o", ms=3, ls=ls, color=color(base),
+                        label=LABELS.get(name, name))
         ax.axhline(peak_flops / 1e12, color=color("ceiling"), lw=1)
         ax.text(1, peak_flops / 1e12 * 1.1, f"{peak_label} ({peak_flops / 1e12:.0f} TFLOP/s)", fontsize=7)
         ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens")
@@ -83,7 +84,7 @@ def sweep(doc: dict, shape: str, tokens: int):
     rs = [r for r in doc["rows"] if r["shape"] == shape and r["tokens"] == tokens and "tflops" in r
           and r["kernel"] in ("up", "down")]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for ax, kind in zip(axes, ("up", "down")):
+    for ax, kind in zip(axes, ("up", "down"), strict=False):
         sel = [r for r in rs if r["kernel"] == kind]
         ax.barh(range(len(sel)), [r["tflops"] for r in sel], color=color("ours"))
         ax.set_yticks(range(len(sel)), ["×".join(map(str, r["config"])) for r in sel], fontsize=7)

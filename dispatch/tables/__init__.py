@@ -1,0 +1,72 @@
+"""Per-device tuned tile tables: package data ``dispatch/tables/<device-slug>.json``, read once.
+
+Written by ``python -m dispatch.tune`` on the device it names; read by :mod:`dispatch.kernels.tiles`.
+One file per device; inside, one entry per layer shape and dtype::
+
+    {"device": "NVIDIA H200", "date": ..., "versions": {...},
+     "entries": {"E=64,H=2048,I=1024,K=8,bfloat16": {
+         "crossover": 32,                      # decode path for T <= crossover, grouped GEMM above
+         "buckets": {"1":    {"decode": {...DecodeConfig fields...}, "decode_us": 37.1},
+                     "4096": {"up": {...GemmConfig...}, "down": {...}, "grouped_us": 1001.2}, ...}}}}
+
+Token counts T are looked up in the nearest tuned bucket (log2 distance, ties to the larger).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import math
+import pathlib
+import re
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@functools.lru_cache(maxsize=None)
+def device_slug(name: str) -> str:
+    """'NVIDIA H200' → 'h200', 'NVIDIA H100 80GB HBM3' → 'h100-80gb-hbm3' (the results folders' rule)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "cpu"
+
+
+def shape_key(E: int, H: int, I: int, K: int, dtype) -> str:  # noqa: E741
+    """The key of one layer shape: 'E=64,H=2048,I=1024,K=8,bfloat16'."""
+    return f"E={E},H={H},I={I},K={K},{str(dtype).removeprefix('torch.')}"
+
+
+@functools.lru_cache(maxsize=None)
+def load(slug: str) -> dict:
+    """The shipped table of device ``slug`` ({} if none ships): read once per process."""
+    try:
+        text = importlib.resources.files(__name__).joinpath(f"{slug}.json").read_text()
+    except (FileNotFoundError, OSError):
+        return {}
+    return json.loads(text)
+
+
+def entry(slug: str, E: int, H: int, I: int, K: int, dtype) -> dict | None:  # noqa: E741
+    """The tuned entry for this device and shape, or None."""
+    return load(slug).get("entries", {}).get(shape_key(E, H, I, K, dtype))
+
+
+def nearest_bucket(buckets, T: int, need: str | None = None) -> dict | None:
+    """The bucket (a dict of a shape entry's "buckets") nearest to T in log2, holding ``need``."""
+    held = [(int(b), v) for b, v in buckets.items() if need is None or need in v]
+    if not held:
+        return None
+    lt = math.log2(max(T, 1))
+    return min(held, key=lambda bv: (abs(math.log2(bv[0]) - lt), -bv[0]))[1]
+
+
+def load_file(path) -> dict | None:
+    """A table file anywhere (the tuner merges into its --out file), or None if there is none."""
+    path = pathlib.Path(path)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write(path, doc: dict) -> pathlib.Path:
+    """Write a table (the tuner's output) as sorted, indented JSON."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,75 @@
+"""Tune the kernels' tiles for this GPU and write the table the launchers read.
+
+    python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
+
+Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 16384), on one routing
+(softmax top-K of random logits, seeded), timed under CUDA-graph replay (median of several replays):
+
+* **Grouped GEMM** (T ≥ 8), up and down kernels separately. ``block_m`` (the sort's padding, shared
+  by both) from the rows per expert r = T·K/E: {16} below 12 rows, {16, 32}, {32, 64}, {64, 128},
+  {128} from 160; a row block much larger than r is mostly padding, much smaller re-reads weights.
+  For each block_m a curated list of (BLOCK_N, BLOCK_K, warps, stages) — the region where an H100/H200
+  GEMM wins: long K steps (128) and narrow N for thin blocks (weight-bound), 128–256 wide N with 8
+  warps for fat ones (compute-bound) — and, for block_m ≥ 64, the launch swizzle group_m ∈ {1, 8, 16}
+  (blocks sharing a column sweep, so x rows and weight tiles are reused from L2). Candidates whose
+  fp32 accumulators exceed 128 registers a thread (they spill) or whose pipeline exceeds shared
+  memory are never compiled. The down kernel is timed on the base config's h.
+* **Decode kernels** (T ≤ 256): coordinate descent from the heuristic config — the up kernel's
+  (block_i, block_h, stages), then the down kernel's (block_ho, block_id), then the programs per
+  kernel (1–16 per SM: no recompile) — each step timing the whole three-launch decode.
+* **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
+  the decode path serves T ≤ the last bucket before the grouped path first wins.
+
+Every candidate is checked against the base config's output (itself checked against the plain-PyTorch
+reference) before it is timed. Compiling dominates a cold run, so every kernel variant is compiled
+first in parallel worker processes (Triton's disk cache); the timing itself then runs in this process.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+
+import torch
+import triton
+
+from dispatch import runtime, tables
+from dispatch.config import PRESETS
+from dispatch.tune.compile import compile_jobs, precompile
+from dispatch.tune.search import BENCH_PRESETS, tune_preset
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dispatch.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", required=True, help=f"a PRESETS name, or 'all' = {','.join(BENCH_PRESETS)}")
+    p.add_argument("--tokens", default=",".join(map(str, tables.BUCKETS)), help="comma-separated buckets")
+    p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into")
+    p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
+                   help="compile processes (0: compile while timing)")
+    a = p.parse_args(argv)
+    presets = list(BENCH_PRESETS) if a.preset == "all" else a.preset.split(",")
+    for name in presets:
+        if name not in PRESETS:
+            raise SystemExit(f"unknown preset {name!r}; choose from {sorted(PRESETS)} or 'all'")
+    if not runtime.HAS_CUDA:
+        raise SystemExit("tuning times kernels on a CUDA GPU")
+    tokens = sorted(int(t) for t in a.tokens.split(","))
+    dev, dtype = torch.device("cuda"), runtime.compute_dtype()
+    name = runtime.device_name(dev)
+    out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
+    t0 = dt.datetime.now()
+    if a.workers:
+        try:
+            precompile(compile_jobs(presets, tokens, dev), a.workers)
+        except Exception as e:  # noqa: BLE001 - a broken pool only costs time: kernels compile while timing
+            print(f"parallel compile failed ({e!r}); compiling while timing", flush=True)
+        print(f"compiled in {(dt.datetime.now() - t0).total_seconds():.0f} s", flush=True)
+    doc = tables.load_file(out) or {"entries": {}}
+    with torch.no_grad():
+        for preset in presets:
+            doc["entries"].update(tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True)))
+            doc.update(device=name, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       versions={"torch": torch.__version__, "triton": triton.__version__})
+            tables.write(out, doc)  # after every preset: a run cut short keeps what it tuned
+    print(f"wrote {out} in {(dt.datetime.now() - t0).total_seconds():.0f} s")
+

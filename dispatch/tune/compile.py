@@ -1,0 +1,83 @@
+"""Compile every kernel variant the tuner will time, first and in parallel.
+
+Compiling (seconds per variant) dominates a cold tuning run; timing a variant takes milliseconds. Worker
+processes launch each variant once on inputs that specialise the kernels the same way (same dtypes,
+same integer divisibilities: T = 16 for the grouped GEMM), which fills Triton's disk cache; the
+timing process then loads every kernel from it.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+
+import torch
+
+from dispatch import runtime
+from dispatch.config import PRESETS
+from dispatch.kernels import grouped_gemm as gg
+from dispatch.kernels import tiles
+from dispatch.kernels.gemv import moe_decode
+from dispatch.kernels.sort import sort_by_expert
+from dispatch.tune.search import DECODE_MAX_T, GROUPED_MIN_T, block_ms, decode_steps, gemm_space, make_case
+
+
+def compile_jobs(presets, tokens, dev) -> list[tuple]:
+    """(preset, T, kind, configs): the variants timing will launch, with inputs that specialise the same."""
+    jobs, seen = [], set()
+    for name in presets:
+        cfg = PRESETS[name]
+        for T in tokens:
+            if T <= DECODE_MAX_T:
+                base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
+                up, down, _ = decode_steps(base, 1)
+                jobs.append((name, T, "decode", up(base) + down(base)))
+            for bm in block_ms(T, cfg.K, cfg.E) if T >= GROUPED_MIN_T else ():
+                for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them
+                    key = (kind, bm, cfg.K if kind == "up" else 0)  # N = 16·K specialises like any T ≥ 8
+                    cands = gemm_space(kind, bm, dev)
+                    for i in range(0, len(cands), 5) if key not in seen else ():
+                        jobs.append((name, 16, kind, cands[i:i + 5]))
+                    seen.add(key)
+    return jobs
+
+
+_CASES: dict = {}
+
+
+def _compile_job(job) -> list[str]:
+    name, T, kind, cands = job
+    dev = runtime.device()  # CUDA; the CPU (under the interpreter) only in tests
+    dtype = runtime.compute_dtype(dev)
+    if name not in _CASES:  # one preset's weights at a time (jobs come preset by preset)
+        _CASES.clear()
+        c = PRESETS[name]
+        _CASES[name] = type("W", (), dict(gate_up_E2IH=torch.zeros(c.E, 2 * c.I, c.H, device=dev, dtype=dtype),
+                                          down_EHI=torch.zeros(c.E, c.H, c.I, device=dev, dtype=dtype)))()
+    cfg, w, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, _CASES[name])
+    failed = []
+    for c in cands:
+        try:
+            if kind == "decode":
+                moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=c)
+            else:
+                routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
+                up = c if kind == "up" else tiles.heuristic_gemm("up", c.block_m, dev)
+                h_PI = gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=up)
+                if kind == "down":
+                    gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported; the timing step skips it too
+            failed.append(f"{name} T={T} {c}: {str(e).splitlines()[0][:100] if str(e) else type(e).__name__}")
+    return failed
+
+
+def precompile(jobs, workers: int, log=print) -> list[str]:
+    """Run the jobs in ``workers`` spawned processes; → the variants that failed (also logged)."""
+    failures = []
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        for failed in pool.map(_compile_job, jobs):
+            for f in failed:
+                log(f"  compile failed: {f}")
+            failures += failed
+    return failures

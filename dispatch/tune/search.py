@@ -1,0 +1,205 @@
+"""The search: candidate spaces, the graph timer, and tuning one preset (see ``dispatch.tune``)."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+import torch
+
+from dispatch import runtime, tables
+from dispatch.config import PRESETS, random_weights
+from dispatch.kernels import grouped_gemm as gg
+from dispatch.kernels import tiles
+from dispatch.kernels.gemv import moe_decode
+from dispatch.kernels.sort import sort_by_expert
+from dispatch.kernels.tiles import DecodeConfig, GemmConfig
+from dispatch.reference import experts_reference, route_reference
+
+BENCH_PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
+DECODE_MAX_T, GROUPED_MIN_T = 256, 8
+TOLERANCE = 2e-2  # ‖candidate − base‖ / ‖base‖ (bf16: tile orders round differently)
+_THIN = ((64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4), (32, 128, 4, 4), (128, 64, 4, 4))
+SPACE = {  # (kind, block_m) → (BLOCK_N, BLOCK_K, warps, stages)
+    ("up", 16): _THIN + ((32, 256, 4, 3),), ("down", 16): _THIN + ((64, 256, 4, 3),),
+    ("up", 64): ((128, 64, 8, 3), (128, 64, 8, 4), (64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3)),
+    ("down", 64): ((128, 64, 8, 3), (256, 64, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3)),
+    ("up", 128): ((128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 4)),
+    ("down", 128): ((256, 64, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 4), (128, 128, 8, 3)),
+}
+DECODE_UP = ((32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3))  # (block_i, block_h, stages)
+DECODE_DOWN = ((32, 128), (32, 256), (64, 128), (16, 256))  # (block_ho, block_id)
+PROGRAMS_PER_SM = (1, 2, 4, 8, 16)
+
+
+def block_ms(T: int, K: int, E: int) -> tuple[int, ...]:
+    r = T * K / E
+    return (16,) if r < 12 else (16, 32) if r < 24 else (32, 64) if r < 48 else (64, 128) if r < 160 else (128,)
+
+
+def gemm_space(kind: str, block_m: int, dev) -> list[GemmConfig]:
+    """Candidates of one kernel for block_m rows, those that fit registers and shared memory."""
+    n_b, limit = (2 if kind == "up" else 1), runtime.max_shared_bytes(dev) - tiles.HEADROOM
+    groups = (1, 8, 16) if block_m >= 64 else (1,)
+    cands = [GemmConfig(block_m, *t, group_m=g) for t in SPACE[kind, 16 if block_m <= 32 else min(block_m, 128)]
+             for g in groups]
+    return [c for c in cands if tiles.fits_registers(c, n_b) and tiles.shared_bytes(c, n_b) <= limit]
+
+
+def decode_steps(base: DecodeConfig, sms: int):
+    """The three coordinate-descent steps: each a function of the current best → candidates."""
+    return (lambda b: [replace(b, block_i=i, block_h=h, num_stages=s) for i, h, s in DECODE_UP],
+            lambda b: [replace(b, block_ho=o, block_id=d) for o, d in DECODE_DOWN],
+            lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM])
+
+
+def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0):
+    """(cfg, weights, x_TH, weights_TK, ids_TK): softmax top-K of random logits, seeded by T."""
+    cfg = PRESETS[name]
+    w = w or random_weights(cfg, seed=seed, dtype=dtype, device=dev)
+    g = torch.Generator(device=dev).manual_seed(seed + T)
+    x_TH = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
+    weights_TK, ids_TK = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
+    return cfg, w, x_TH, weights_TK, ids_TK
+
+
+def rel_err(y, ref) -> float:
+    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def graph_us(fn, cand=None, reps: int = 7) -> float:
+    """Median µs of ``fn`` over ``reps`` CUDA-graph replays (graph of enough calls to span ~200 µs)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    torch.cuda.synchronize()
+    inner = max(1, min(30, int(0.2 / max(a.elapsed_time(b), 1e-3))))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    g.replay()
+    ts = []
+    for _ in range(reps):
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / inner)
+    del g
+    return statistics.median(ts)
+
+
+def _best(cands, run, base_out, timer, log, what, view=lambda y: y):
+    """Check every candidate (``view`` of its output) against base_out, time the good ones' ``run``:
+    → (best candidate, its µs, {candidate: µs})."""
+    timed = {}
+    for c in cands:
+        try:
+            err = rel_err(view(run(c)), base_out)
+            if not err <= TOLERANCE:
+                log(f"  {what} {c}: wrong (rel err {err:.2g}), dropped")
+                continue
+            timed[c] = timer(lambda c=c: run(c), c)
+        except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is skipped, loudly
+            log(f"  {what} {c}: failed ({str(e).splitlines()[0][:100] if str(e) else type(e).__name__})")
+    if not timed:
+        raise RuntimeError(f"no {what} candidate ran correctly: {cands}")
+    best = min(timed, key=timed.get)
+    return best, timed[best], timed
+
+
+def _tune_block_m(bm, case, dev, timer, log) -> tuple:
+    """(best up, best down, their µs, heuristic up, heuristic down) for rows sorted in blocks of bm."""
+    cfg, w, x_TH, weights_TK, ids_TK = case
+    routes = sort_by_expert(ids_TK, cfg.E, bm)
+    base_u, base_d = tiles.heuristic_gemm("up", bm, dev), tiles.heuristic_gemm("down", bm, dev)
+    slots = routes.slot_of_N.long()
+    h_PI = gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=base_u)
+    up, up_us, _ = _best(gemm_space("up", bm, dev) or [base_u],
+                         lambda c: gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=c),
+                         h_PI[slots], timer, log, "up", view=lambda h: h[slots])
+    down, down_us, _ = _best(gemm_space("down", bm, dev) or [base_d],
+                             lambda c: gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c),
+                             gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=base_d),
+                             timer, log, "down")
+    return up, down, up_us + down_us, base_u, base_d
+
+
+def tune_grouped(name, T, case, dev, timer, log) -> dict:
+    """Best (up, down) over the block_m candidates (by the two kernels' time), then the whole path
+    (sort, up, down, combine) timed with them and with the heuristic tiles."""
+    cfg, w, x_TH, weights_TK, ids_TK = case
+    K = ids_TK.shape[1]
+    ref = experts_reference(x_TH[:64], weights_TK[:64].to(x_TH.dtype), ids_TK[:64], w.gate_up_E2IH, w.down_EHI)
+    best = None
+    for bm in block_ms(T, K, cfg.E):
+        r = _tune_block_m(bm, case, dev, timer, log)
+        best = r if best is None or r[2] < best[2] else best
+    up, down, _, base_u, base_d = best
+
+    def path(configs):
+        return gg.moe_experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, configs=configs)
+
+    err = rel_err(path((up, down))[:64], ref)
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{name} T={T}: the tuned grouped GEMM is wrong (rel err {err:.3g})")
+    out = {"up": tiles.as_dict(up), "down": tiles.as_dict(down),
+           "grouped_us": timer(lambda: path((up, down)), ("grouped", up, down)),
+           "grouped_heuristic_us": timer(lambda: path((base_u, base_d)), ("grouped", base_u, base_d))}
+    log(f"{name} T={T:5d} grouped {out['grouped_us']:9.1f} us (heuristic {out['grouped_heuristic_us']:9.1f})"
+        f" up {tuple(out['up'].values())} down {tuple(out['down'].values())}")
+    return out
+
+
+def tune_decode(name, T, case, dev, timer, log) -> dict:
+    cfg, w, x_TH, weights_TK, ids_TK = case
+    args = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
+    base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
+    y = moe_decode(*args, config=base)
+    err = rel_err(y, experts_reference(x_TH, weights_TK.to(x_TH.dtype), *args[2:]))
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{name} T={T}: the decode kernels are wrong (rel err {err:.3g})")
+    best, heuristic_us = base, timer(lambda: moe_decode(*args, config=base), base)
+    best_us = heuristic_us
+    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
+    for step in decode_steps(base, sms):
+        best, best_us, _ = _best(step(best), lambda c: moe_decode(*args, config=c), y, timer, log, "decode")
+    log(f"{name} T={T:5d} decode  {best_us:9.1f} us (heuristic {heuristic_us:9.1f}) {tiles.as_dict(best)}")
+    return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
+
+
+def crossover(buckets: dict) -> int:
+    """The last bucket before the grouped path first beats decode (decode only where it was tuned)."""
+    last = 0
+    for T in sorted(buckets, key=int):
+        b = buckets[T]
+        if "decode_us" not in b or ("grouped_us" in b and b["grouped_us"] < b["decode_us"]):
+            break
+        last = int(T)
+    return last
+
+
+def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print) -> dict:
+    """The table entry of one preset: its buckets and crossover."""
+    w, buckets = None, {}
+    for T in tokens:
+        case = make_case(name, T, dev, dtype, w)
+        w = case[1]
+        b = {}
+        if T <= DECODE_MAX_T:
+            b.update(tune_decode(name, T, case, dev, timer, log))
+        if T >= GROUPED_MIN_T:
+            b.update(tune_grouped(name, T, case, dev, timer, log))
+        buckets[str(T)] = b
+        del case
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    cfg, cross = PRESETS[name], crossover(buckets)
+    log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
+    return {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}

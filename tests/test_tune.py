@@ -1,0 +1,100 @@
+"""The tuner's search loop under Triton's interpreter: a tiny preset, a fake timer (no timed tests)."""
+import pytest
+import torch
+
+import dispatch  # noqa: F401
+from dispatch import tables
+from dispatch.kernels import tiles
+from dispatch.kernels.tiles import DecodeConfig, GemmConfig
+from dispatch.tune import main, search
+from dispatch.tune.compile import compile_jobs
+from dispatch.tune.search import block_ms, crossover, decode_steps, gemm_space, tune_preset
+
+
+def fake_us(fn, cand):
+    """Runs the candidate once (so it must work) and prices it by its config, deterministically."""
+    fn()
+    if isinstance(cand, GemmConfig):
+        return 1000.0 / cand.block_n + cand.block_k / 64 + cand.num_stages / 10 + cand.group_m / 100
+    if isinstance(cand, DecodeConfig):
+        return 100.0 + cand.block_i / 16 + cand.block_ho / 32 - cand.programs / 1000
+    return 50.0  # a whole grouped path
+
+
+@pytest.fixture
+def small_space(monkeypatch):
+    """Interpreter-sized candidate spaces (the real ones are GPU tiles: slow under numpy)."""
+    tiles_ = ((32, 32, 4, 1), (16, 32, 4, 2), (32, 16, 4, 1))
+    monkeypatch.setattr(search, "SPACE", {(k, bm): tiles_ for k in ("up", "down") for bm in (16, 64, 128)})
+    monkeypatch.setattr(search, "DECODE_UP", ((16, 32, 1), (32, 16, 1)))
+    monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), (32, 16)))
+    monkeypatch.setattr(search, "PROGRAMS_PER_SM", (1, 4))
+
+
+def test_search_loop_on_the_interpreter(tmp_path, small_space):
+    cpu, logs = torch.device("cpu"), []
+    entry = tune_preset("tiny", (2, 8, 32), cpu, torch.float32, timer=fake_us, log=logs.append)
+    (key, e), = entry.items()
+    assert key == tables.shape_key(8, 64, 32, 2, torch.float32)
+    b = e["buckets"]
+    assert set(b) == {"2", "8", "32"} and "up" not in b["2"] and {"decode", "up", "down"} <= set(b["8"])
+    for T in ("8", "32"):  # the cheapest candidate by the fake price, over every block_m tried
+        up, down = GemmConfig(**b[T]["up"]), GemmConfig(**b[T]["down"])
+        bms = block_ms(int(T), 2, 8)
+        best_up = min((c for bm in bms for c in gemm_space("up", bm, cpu)), key=lambda c: fake_us(lambda: 0, c))
+        assert up.block_m in bms and down.block_m == up.block_m
+        assert fake_us(lambda: 0, up) == fake_us(lambda: 0, best_up)
+    d = DecodeConfig(**b["2"]["decode"])  # coordinate descent reaches the fake price's optimum
+    assert (d.block_i, d.block_ho, d.programs) == (16, 16, 4 * 4)
+    assert e["crossover"] == 2  # fake grouped path (50 µs) beats decode (>90 µs) from T=8
+    assert any("decode" in s for s in logs)
+    path = tables.write(tmp_path / "t.json", {"entries": entry})  # what the launchers will read back
+    back = tables.load_file(path)["entries"][key]
+    assert tiles.tuned(back, 64, "up") == GemmConfig(**b["32"]["up"])
+    assert tiles.tuned(back, 1, "decode") == d
+
+
+def test_crossover_rule():
+    b = {"1": {"decode_us": 5}, "8": {"decode_us": 9, "grouped_us": 20}, "16": {"decode_us": 30, "grouped_us": 20},
+         "32": {"decode_us": 30, "grouped_us": 40}, "512": {"grouped_us": 100}}
+    assert crossover(b) == 8  # the first bucket the grouped path wins ends the decode range
+    assert crossover({"1": {"decode_us": 1}, "4": {"decode_us": 2}}) == 4
+    assert crossover({"16": {"grouped_us": 1}}) == 0
+
+
+def test_spaces_fit_and_compile_jobs_cover_them(monkeypatch):
+    from dispatch import runtime
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtime, "max_shared_bytes", lambda dev=None: 227 * 1024)  # an H200's
+    for kind in ("up", "down"):
+        for bm in (16, 32, 64, 128):
+            space = gemm_space(kind, bm, cpu)
+            n_b = 2 if kind == "up" else 1
+            assert len(space) >= 4 and all(tiles.fits_registers(c, n_b) and c.block_m == bm for c in space)
+            assert all(tiles.shared_bytes(c, n_b) <= 227 * 1024 - tiles.HEADROOM for c in space)
+            assert (bm >= 64) == any(c.group_m > 1 for c in space)
+    assert block_ms(1, 8, 64) == (16,) and block_ms(16384, 2, 8) == (128,) and block_ms(1024, 6, 64) == (64, 128)
+    jobs = compile_jobs(["tiny"], (1, 8, 4096), cpu)
+    covered = {(kind, c) for _, _, kind, cands in jobs for c in cands}
+    for bm in block_ms(4096, 2, 8):
+        assert all(("up", c) in covered for c in gemm_space("up", bm, cpu))
+    base = tiles.heuristic_decode(1, 2, 8, 64, 32, cpu)
+    assert all(("decode", c) in covered for c in decode_steps(base, 1)[0](base))
+
+
+def test_precompile_workers(small_space):
+    """Spawned workers import the package, run every variant of a job once and report failures."""
+    from dispatch.tune.compile import precompile
+
+    jobs = compile_jobs(["tiny"], (1, 8), torch.device("cpu"))
+    jobs.append(("tiny", 1, "decode", [tiles.INTERPRET_DECODE]))
+    assert {j[2] for j in jobs} == {"decode", "up", "down"}
+    assert precompile(jobs, workers=2, log=lambda s: None) == []
+
+
+def test_cli_rejects_bad_requests():
+    with pytest.raises(SystemExit, match="unknown preset"):
+        main(["--preset", "nope"])
+    with pytest.raises(SystemExit, match="CUDA"):
+        main(["--preset", "tiny"])
