@@ -13,7 +13,8 @@ top_k_weights [T, K])`` looks up ``config._experts_implementation`` in the class
 The router, the shared experts and everything else stay transformers' own; only the routed
 experts change. Paths, picked per call by token count and device (:func:`experts_path`):
 
-    CUDA           T <= DECODE_MAX_TOKENS: ``moe_decode`` (grouped GEMV); above: ``moe_experts``
+    CUDA           T <= the shape's crossover (``dispatch.kernels.tiles.decode_max_tokens``: the tuned
+                   table's, else DECODE_MAX_TOKENS): ``moe_decode`` (grouped GEMV); above: ``moe_experts``
     CPU (default)  the plain-PyTorch reference (``experts_reference``)
     CPU, asked     the Triton kernels under the interpreter (``set_cpu_path("kernels")``, fp32/fp16)
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dispatch.moe import DECODE_MAX_TOKENS
+from dispatch.kernels.tiles import DECODE_MAX_TOKENS, decode_max_tokens
 
 NAME = "dispatch"
 CPU_PATHS = ("reference", "kernels")
@@ -35,11 +36,12 @@ def set_cpu_path(path: str) -> None:
     _state["cpu_path"] = path
 
 
-def experts_path(x_TH: torch.Tensor) -> str:
-    """'decode' | 'grouped' | 'reference': what :func:`experts_forward` runs for ``x_TH``."""
+def experts_path(x_TH: torch.Tensor, crossover: int = DECODE_MAX_TOKENS) -> str:
+    """'decode' | 'grouped' | 'reference': what :func:`experts_forward` runs for ``x_TH`` ("decode" for
+    T <= ``crossover``)."""
     if x_TH.device.type == "cpu" and (_state["cpu_path"] == "reference" or x_TH.dtype == torch.bfloat16):
         return "reference"
-    return "decode" if x_TH.shape[0] <= DECODE_MAX_TOKENS else "grouped"
+    return "decode" if x_TH.shape[0] <= crossover else "grouped"
 
 
 def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -53,7 +55,11 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     if act != "silu":
         raise ValueError(f"the dispatch experts are SwiGLU: hidden_act must be 'silu', got {act!r}")
     x_TH, gate_up, down = hidden_states, self.gate_up_proj, self.down_proj
-    path = experts_path(x_TH)
+    crossover = DECODE_MAX_TOKENS
+    if x_TH.is_cuda:  # the shape's tuned crossover (a cached lookup)
+        E, I2, H = gate_up.shape
+        crossover = decode_max_tokens(top_k_index.shape[1], E, H, I2 // 2, x_TH.dtype, x_TH.device)
+    path = experts_path(x_TH, crossover)
     if path == "reference":
         from dispatch.reference import experts_reference
 
