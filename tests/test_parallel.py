@@ -105,11 +105,12 @@ def test_placement():
 def test_bad_routing_is_refused_before_anything_moves():
     msgs = launch(PR.bad_routing, 1, TINY, timeout_s=60)[0]
     assert "accepted" not in msgs, msgs
-    assert all("ids_TK must hold expert ids in [0, 8), got min 8 max 8" in m for m in msgs[0:2])
-    assert all("got min -1 max -1" in m for m in msgs[2:4])  # -1 never wraps to expert E-1
-    assert all("weights_TK must be a floating [T=3, K=2]" in m for m in msgs[4:6])
-    assert "ids_TK must be an int32/int64 [T=3, K=2]" in msgs[6]  # a K other than the layer's top_k
-    assert all("ids_TK must be an int32/int64" in m for m in msgs[7:9]) and len(msgs) == 9  # float ids
+    assert all("ids_TK must hold expert ids in [0, E=8): 6 do not, the first ids_TK[0, 0] = 8" in m
+               for m in msgs[0:2])
+    assert all("the first ids_TK[0, 0] = -1" in m for m in msgs[2:4])  # -1 never wraps to expert E-1
+    assert all("weights_TK must be a floating tensor shaped like ids_TK (3, 2)" in m for m in msgs[4:6])
+    assert "ids_TK and weights_TK must be [T=3, K=2], got (3, 3)" in msgs[6]  # a K other than the layer's top_k
+    assert all("ids_TK must be int32 or int64" in m for m in msgs[7:9]) and len(msgs) == 9  # float ids
 
 
 def test_configs_that_differ_across_ranks_are_refused():

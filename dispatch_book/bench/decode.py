@@ -27,6 +27,7 @@ from dispatch.kernels.tiles import DecodeConfig, decode_config
 from dispatch.reference import experts_reference, route_reference
 from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
+from dispatch_book.bench.harness import capture_graph
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "qwen3-30b-a3b")
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -42,19 +43,6 @@ def make_case(name: str, T: int, dev, dtype, seed: int = 0):
     x = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
     weights, ids = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
     return cfg, x, weights, ids, w.gate_up_E2IH, w.down_EHI
-
-
-def graph_of(fn):
-    """fn captured in a CUDA graph (after a warm-up on a side stream); returns replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
 
 
 def measure(name: str, tokens, dev, dtype, log=print) -> list[dict]:
@@ -86,7 +74,7 @@ def _measure_one(name: str, T: int, dev, dtype, hbm_bps: float, log) -> dict:
            "floor_ms": nbytes / hbm_bps * 1e3, "rel_err": err, "bitwise_repeat": same,
            "config": dataclasses.asdict(dcfg), "contestants": {}}
     fns = {"ours": lambda: moe_decode(x, w, ids, gu, dn, config=dcfg),
-           "ours_graph": graph_of(lambda: moe_decode(x, w, ids, gu, dn, config=dcfg))}
+           "ours_graph": capture_graph(lambda: moe_decode(x, w, ids, gu, dn, config=dcfg)).replay}
     if T in (1, 8, 64):
         fns["ours_wide"] = lambda: moe_decode(x, w, ids, gu, dn, config=WIDE)
     for impl in ("batched_mm", "grouped_mm"):

@@ -30,6 +30,7 @@ from dispatch.reference import experts_reference, route_reference, shared_refere
 from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
 from dispatch_book.bench import peers
+from dispatch_book.bench.harness import capture_graph
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "deepseek-moe-16b", "qwen3-30b-a3b")
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
@@ -46,20 +47,13 @@ def _ceilings() -> dict:
 def graph_7x30(fn) -> dict:
     """CUDA-graph replay timing: a graph of 30 calls, replayed 7 times; median µs per call. Plus the host
     time of one eager call (launch overhead a graph removes), median of 30."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
+    fn()  # compile and warm before the host timing
     host = []
     for _ in range(30):
         t0 = time.perf_counter()
         fn()
         host.append((time.perf_counter() - t0) * 1e6)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(30):
-            fn()
+    g = capture_graph(lambda: [fn() for _ in range(30)], warmup=1)
     g.replay()
     a, b, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
     for _ in range(7):
