@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3 (fn) value
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Scheme:
     @property
     def qmax(self) -> float:
         """The largest code: a block's largest |w| is mapped onto it."""
-        return 127.0 if self.dtype == torch.int8 else float(torch.finfo(FP8).max)
+        return 127.0 if self.dtype == torch.int8 else FP8_MAX
 
     def block(self, cols: int) -> tuple[int, int]:
         """(block_rows, block_cols) for a stack with ``cols`` input channels."""
@@ -195,3 +196,17 @@ def quantize_experts(gate_up_E2IH: torch.Tensor, down_EHI: torch.Tensor, scheme:
     """Quantize a layer's experts (transformers 5 fused layout) with ``scheme`` (see :data:`SCHEMES`)."""
     return QuantizedExperts(get_scheme(scheme).name, quantize_tensor(gate_up_E2IH, scheme),
                             quantize_tensor(down_EHI, scheme))
+
+
+def fp8_activations(a_MK: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """a [M, K] rounded through fp8 e4m3 with one scale per row and ``group`` columns (fp32 out).
+
+    What the w8a8 kernels do to activations in registers: s = amax(row, group) / 448, fp8(a / s) · s.
+    """
+    M, K = a_MK.shape
+    G = -(-K // group)
+    a = torch.zeros(M, G * group, dtype=torch.float32, device=a_MK.device)
+    a[:, :K] = a_MK.float()
+    a = a.view(M, G, group)
+    s = a.abs().amax(dim=2, keepdim=True).clamp_min(1e-30) / FP8_MAX
+    return ((a / s).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * s).view(M, G * group)[:, :K]
