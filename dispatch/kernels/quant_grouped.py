@@ -13,6 +13,8 @@ Plain-PyTorch twin: :func:`moe_experts_quant_torch` (per expert, fp32, the same 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -115,7 +117,7 @@ def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool) 
     products need a second accumulator's registers), BLOCK_K 128 for w8a8 (one activation scale per
     chunk) else 64, pipeline stages shrunk to the device's shared memory."""
     if dev.type != "cuda":
-        return gc.INTERPRET_CONFIG
+        return replace(gc.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else gc.INTERPRET_CONFIG
     bm = gc.pick_block_m(T * K, E, dev)
     bk = W8A8_GROUP if w8a8 else 64
     stages = 4

@@ -33,6 +33,7 @@ SUITES = {
     "decode": "dispatch_book.bench.decode",
     "parallel": "dispatch_book.bench.parallel",
     "ceilings": "dispatch_book.bench.ceilings",
+    "quant": "dispatch_book.bench.quant",
 }
 
 
