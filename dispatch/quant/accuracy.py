@@ -4,11 +4,12 @@
   the bf16 weights, both computed in fp32 (only the format's error is counted), on random weights
   of a preset's exact H and I (scale blocks depend on them). ``experts`` samples that many experts
   of the layer (the error is a per-expert property for random weights; the sample is recorded).
-* :func:`perplexity_change` and :func:`greedy_agreement`: a trained model vs its copy with
+* :func:`perplexity` and :func:`greedy_agreement`: a trained model vs its copy with
   quantized experts (:func:`dispatch.quant.dequantized_model`).
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -47,41 +48,42 @@ def layer_error(cfg: MoEConfig, scheme: str, *, experts: int = 4, tokens: int = 
             "experts_sampled": E, "tokens": tokens}
 
 
-def _windows_nll(model, windows_NS1: torch.Tensor, batch_size: int) -> tuple[float, int]:
+def perplexity(model, windows_NS1: torch.Tensor, *, batch_size: int = 16) -> float:
+    """Validation perplexity of ``model`` on windows [N, S+1] (:func:`dispatch.routertap.evaluate`)."""
     from dispatch.routertap import evaluate
 
-    r = evaluate(model, windows_NS1, batch_size=batch_size)
-    return r["ppl"], r["tokens"]
-
-
-def perplexity_change(model, model_q, windows_NS1: torch.Tensor, *, batch_size: int = 16) -> dict:
-    """Validation perplexity of ``model`` and ``model_q`` on the same windows [N, S+1]."""
-    ppl, n = _windows_nll(model, windows_NS1, batch_size)
-    ppl_q, _ = _windows_nll(model_q, windows_NS1, batch_size)
-    return {"ppl": ppl, "ppl_q": ppl_q, "rel_change": ppl_q / ppl - 1.0, "tokens": n}
+    return evaluate(model, windows_NS1, batch_size=batch_size)["ppl"]
 
 
 @torch.no_grad()
 def greedy(model, prompts_BS: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuation [B, new_tokens] of prompts [B, S] (full forward each step, no cache)."""
+    """Greedy continuation [B, new_tokens] of prompts [B, S] (with the model's KV cache)."""
     dev = next(model.parameters()).device
-    seq = prompts_BS.to(dev)
-    for _ in range(new_tokens):
-        nxt = model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
-        seq = torch.cat([seq, nxt], dim=1)
-    return seq[:, prompts_BS.shape[1]:].cpu()
+    # transformers renamed past_key_values to cache (after 5.17): use whichever this version takes
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=prompts_BS.to(dev), use_cache=True)
+    toks = [out.logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(new_tokens - 1):
+        kv = getattr(out, name, None)
+        out = model(input_ids=toks[-1], **{name: out.past_key_values if kv is None else kv}, use_cache=True)
+        toks.append(out.logits[:, -1].argmax(-1, keepdim=True))
+    return torch.cat(toks, dim=1).cpu()
 
 
 @torch.no_grad()
-def greedy_agreement(model, model_q, prompts_BS: torch.Tensor, new_tokens: int = 64) -> dict:
+def greedy_agreement(model, model_q, prompts_BS: torch.Tensor, new_tokens: int = 64, *,
+                     reference: torch.Tensor | None = None) -> dict:
     """How often ``model_q`` picks ``model``'s greedy tokens.
 
     teacher_forced: share of the B·new_tokens positions where model_q's argmax, fed model's own
     continuation, equals model's token (no cascade after one disagreement).
     free_running: share of positions where the two free greedy continuations agree;
     identical: prompts whose whole continuation is the same.
+    ``reference``: model's greedy continuation if already computed (``greedy(model, prompts_BS, n)``).
     """
-    ref = greedy(model, prompts_BS, new_tokens)
+    ref = greedy(model, prompts_BS, new_tokens) if reference is None else reference
+    if tuple(ref.shape) != (prompts_BS.shape[0], new_tokens):
+        raise ValueError(f"reference must be [B={prompts_BS.shape[0]}, {new_tokens}], got {tuple(ref.shape)}")
     dev = next(model_q.parameters()).device
     full = torch.cat([prompts_BS, ref], dim=1).to(dev)
     S = prompts_BS.shape[1]
