@@ -113,6 +113,7 @@ def test_nbytes_exact_and_half_of_bf16(scheme):
     assert (qe.E, qe.H, qe.I) == (E, H, I)
     assert qe.nbytes() == 3 * E * H * I + 4 * (qe.gate_up.scale.numel() + qe.down.scale.numel())
     assert qe.nbytes() <= 0.52 * 3 * E * H * I * 2
+    assert quant.get_scheme(scheme).expert_bytes(E, H, I) == qe.nbytes()
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

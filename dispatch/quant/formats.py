@@ -43,6 +43,13 @@ class Scheme:
         """(block_rows, block_cols) for a stack with ``cols`` input channels."""
         return self.block_rows, self.block_cols or cols
 
+    def expert_bytes(self, E: int, H: int, I: int) -> int:  # noqa: E741
+        """Exact bytes of E experts (gate_up [E, 2I, H] + down [E, H, I]): 1-byte codes + fp32 scales."""
+        def scales(R, C):
+            br, bc = self.block(C)
+            return -(-R // br) * -(-C // bc)
+        return E * (3 * H * I + 4 * (scales(2 * I, H) + scales(H, I)))
+
 
 SCHEMES: dict[str, Scheme] = {
     "int8-channel": Scheme("int8-channel", torch.int8, 1, None),

@@ -132,6 +132,30 @@ def layer_errors(dev) -> list[dict]:
     return out
 
 
+def figure(doc: dict):
+    """Speed-up over bf16 at every T (top) and % of the read ceiling in stored bytes (bottom, decode)."""
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
+    fig, axes = plt.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 5.5), squeeze=False, sharey="row")
+    names = list(dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]))
+    for j, shape in enumerate(shapes):
+        rows = [r for r in doc["rows"] if r["shape"] == shape]
+        for name in names:
+            pts = [(r["tokens"], r["contestants"][name]) for r in rows if name in r["contestants"]]
+            style = dict(marker="o", ms=3, label=name, ls="--" if "w8a8" in name else "-")
+            axes[0, j].plot([t for t, _ in pts], [c["speedup_vs_bf16"] for _, c in pts], **style)
+            dec = [(t, c) for t, c in pts if t <= 64]
+            axes[1, j].plot([t for t, _ in dec], [c["pct_read_bw"] for _, c in dec], **style)
+        axes[0, j].set(title=shape, xscale="log", xlabel="tokens T")
+        axes[1, j].set(xscale="log", xlabel="tokens T (decode path)", ylim=(0, 100))
+    axes[0, 0].set_ylabel("speed-up over our bf16")
+    axes[1, 0].set_ylabel("% of HBM read bandwidth\n(bytes as stored)")
+    axes[0, -1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench quant")
     p.add_argument("--shapes", default=",".join(SHAPES))
