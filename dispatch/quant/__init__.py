@@ -7,7 +7,7 @@
 The kernels that read the codes and dequantize in registers: ``dispatch.kernels.quant_gemv``
 (decode, weight-only) and ``dispatch.kernels.quant_grouped`` (grouped GEMM, w8a16 and fp8 w8a8).
 """
-from dispatch.quant.accuracy import greedy_agreement, layer_error, perplexity
+from dispatch.quant.accuracy import greedy, greedy_agreement, layer_error, perplexity
 from dispatch.quant.formats import (
            SCHEMES,
            QuantizedExperts,
@@ -20,5 +20,5 @@ from dispatch.quant.formats import (
 from dispatch.quant.io import dequantized_model, load, quantize_model, save
 
 __all__ = ["SCHEMES", "QuantizedExperts", "QuantizedTensor", "Scheme", "dequantized_model", "get_scheme",
-           "greedy_agreement", "layer_error", "load", "perplexity", "quantize_experts", "quantize_model",
+           "greedy", "greedy_agreement", "layer_error", "load", "perplexity", "quantize_experts", "quantize_model",
            "quantize_tensor", "save"]
