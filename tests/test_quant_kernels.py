@@ -143,3 +143,19 @@ def test_gpu_quant_kernels(scheme, T):
         y8 = moe_experts_quant(x, w, ids, qe, w8a8=True)
         assert rel(y8, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 2e-2
         assert rel(y8, twin) < 0.08
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 3), (2, 40)], ids=["decode", "grouped"])
+def test_swapped_experts_run_our_kernels_in_a_transformers_model(batch, seq):
+    from dispatch.hf import moe_blocks, tiny_model
+
+    _, model = tiny_model("olmoe")
+    layers = quant.quantize_model(model, "int8-group128")
+    want = quant.dequantized_model(model, layers)
+    got = quant.swap_experts(quant.dequantized_model(model, layers), layers)
+    assert all(type(b.experts).__name__ == "QuantizedExpertsModule" for _, b in moe_blocks(got))
+    ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(got(input_ids=ids).logits, want(input_ids=ids).logits) < 1e-5
+    with pytest.raises(ValueError, match="do not match"):
+        quant.swap_experts(model, {7: layers[0]})

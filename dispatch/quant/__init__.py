@@ -2,6 +2,7 @@
 
     formats.py   SCHEMES, quantize_tensor / quantize_experts → QuantizedExperts (exact .nbytes())
     io.py        save / load (safetensors), quantize_model (transformers), dequantized_model
+    modules.py   QuantizedExpertsModule / swap_experts: our quantized kernels inside a transformers model
     accuracy.py  the gates: per-layer error for every preset, perplexity, greedy-token agreement
 
 The kernels that read the codes and dequantize in registers: ``dispatch.kernels.quant_gemv``
@@ -18,7 +19,8 @@ from dispatch.quant.formats import (
            quantize_tensor,
 )
 from dispatch.quant.io import dequantized_model, load, quantize_model, save
+from dispatch.quant.modules import QuantizedExpertsModule, swap_experts
 
-__all__ = ["SCHEMES", "QuantizedExperts", "QuantizedTensor", "Scheme", "dequantized_model", "get_scheme",
-           "greedy", "greedy_agreement", "layer_error", "load", "perplexity", "quantize_experts", "quantize_model",
-           "quantize_tensor", "save"]
+__all__ = ["SCHEMES", "QuantizedExperts", "QuantizedExpertsModule", "QuantizedTensor", "Scheme",
+           "dequantized_model", "get_scheme", "greedy", "greedy_agreement", "layer_error", "load", "perplexity",
+           "quantize_experts", "quantize_model", "quantize_tensor", "save", "swap_experts"]
