@@ -54,11 +54,12 @@ def _qdot(a, q, s_N, acc, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, PRE_ROUN
         af = tl.clamp(af / s_M[:, None], -_FP8_MAX, _FP8_MAX)
         if PRE_ROUND:
             af = _e4m3_round(af)
-        return acc + tl.dot(af.to(tl.float8e4nv), q) * (s_M[:, None] * s_N[None, :])
+        acc = acc + tl.dot(af.to(tl.float8e4nv), q) * (s_M[:, None] * s_N[None, :])
     elif LATE_SCALE:
-        return tl.dot(a, q.to(a.dtype), acc)  # the row's one scale is applied after the reduction
+        acc = tl.dot(a, q.to(a.dtype), acc)  # the row's one scale is applied after the reduction
     else:
-        return acc + tl.dot(a, q.to(a.dtype)) * s_N[None, :]
+        acc = acc + tl.dot(a, q.to(a.dtype)) * s_N[None, :]
+    return acc  # one return (Triton 3.6 compiles constexpr branches with a single exit)
 
 
 @triton.jit
