@@ -1,6 +1,6 @@
 """Benchmark of quantized experts: bf16 (ours) vs int8 and fp8 codes, T = 1 … 16384, CUDA graphs.
 
-    python -m dispatch_book.bench quant [--shapes a,b] [--tokens 1,64,4096] [--quick]
+    python -m dispatch_book.bench quant [--out results] [--shapes a,b] [--tokens 1,64,4096] [--quick]
 
 For each shape the bf16 experts are quantized with every scheme of :data:`dispatch.quant.SCHEMES`;
 for each token count one routing (softmax top-K of random logits) is given to every contestant:
@@ -17,12 +17,10 @@ recorded: every scheme's exact expert bytes per layer, and the per-layer error o
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import torch
 
 from dispatch import quant, runtime
-from dispatch.arithmetic import H200_HBM_BPS
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
@@ -39,22 +37,14 @@ QUANT_TOL = {"int8": 3e-2, "fp8": 8e-2, "w8a8": 0.1}  # ‖quantized − bf16‖
 
 
 def read_ceiling() -> tuple[float, str]:
-    """HBM read bytes/s of this GPU and where the number comes from."""
-    ceilings = getattr(bench, "ceilings", None)
-    if callable(ceilings):
-        c = ceilings()
-        return c["hbm_read_gbps"] * 1e9, c["source"]
-    return H200_HBM_BPS, "dispatch.arithmetic.H200_HBM_BPS (4.3 TB/s)"
+    """HBM read bytes/s of this GPU and where the number comes from (``bench.ceilings``)."""
+    c = bench.ceilings()
+    return c["hbm_read_gbps"] * 1e9, c["source"]
 
 
 def graph_time(fn) -> dict:
-    """Milliseconds of one replay of ``fn`` captured in a CUDA graph (after a warm-up call)."""
-    try:
-        return bench.time_ms(fn, graph=True)
-    except TypeError:  # a harness without graph timing: capture here
-        from dispatch_book.bench.decode import graph_of
-
-        return bench.time_ms(graph_of(fn))
+    """Milliseconds of one replay of ``fn`` captured in a CUDA graph."""
+    return bench.time_ms(fn, graph=True)
 
 
 def contestants(T, x, w_TK, ids, gu, dn, qes):
@@ -161,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS} only")
-    p.add_argument("--out", default=None, help="results directory (default results/)")
+    bench.add_output_args(p)
     a = p.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the quant benchmark needs a CUDA GPU (chapter 7 plots the recorded results instead)")
@@ -174,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += r
         memory += m
     errors = layer_errors(dev)
-    path = bench.save("quant", rows, out_dir=pathlib.Path(a.out) if a.out else None,
+    path = bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty,
                       extra={"read_bps": read_bps, "read_bps_source": source, "memory": memory,
                              "layer_errors": errors, "dtype": str(runtime.compute_dtype(dev))})
     print(f"wrote {path}")
