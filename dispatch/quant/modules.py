@@ -13,6 +13,20 @@ from torch import nn
 from dispatch.quant.formats import QuantizedExperts
 
 
+def quantized_forward(experts: QuantizedExperts, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                      top_k_weights: torch.Tensor, *, w8a8: bool = False) -> torch.Tensor:
+    """y_TH of a transformers experts call, on the quantized kernels: the decode kernels up to
+    ``DECODE_MAX_TOKENS`` tokens (weight-only), else the grouped GEMM (w8a16, or fp8 w8a8)."""
+    from dispatch.kernels.quant_gemv import moe_decode_quant
+    from dispatch.kernels.quant_grouped import moe_experts_quant
+    from dispatch.moe import DECODE_MAX_TOKENS
+
+    w_TK = top_k_weights.float()
+    if hidden_states.shape[0] <= DECODE_MAX_TOKENS and not w8a8:
+        return moe_decode_quant(hidden_states, w_TK, top_k_index, experts)
+    return moe_experts_quant(hidden_states, w_TK, top_k_index, experts, w8a8=w8a8)
+
+
 class QuantizedExpertsModule(nn.Module):
     """forward(hidden_TH, ids_TK, weights_TK) → y_TH, computed from ``experts``' codes and scales.
 
@@ -28,14 +42,7 @@ class QuantizedExpertsModule(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        from dispatch.kernels.quant_gemv import moe_decode_quant
-        from dispatch.kernels.quant_grouped import moe_experts_quant
-        from dispatch.moe import DECODE_MAX_TOKENS
-
-        w_TK = top_k_weights.float()
-        if hidden_states.shape[0] <= DECODE_MAX_TOKENS and not self.w8a8:
-            return moe_decode_quant(hidden_states, w_TK, top_k_index, self.quantized)
-        return moe_experts_quant(hidden_states, w_TK, top_k_index, self.quantized, w8a8=self.w8a8)
+        return quantized_forward(self.quantized, hidden_states, top_k_index, top_k_weights, w8a8=self.w8a8)
 
     def extra_repr(self) -> str:
         q = self.quantized
