@@ -38,6 +38,7 @@ SUITES = {
     "ceilings": "dispatch_book.bench.peaks",
     "balance_study": "dispatch_book.bench.balance_study",
     "e2e": "dispatch_book.bench.e2e",
+    "quant": "dispatch_book.bench.quant",
 }
 
 

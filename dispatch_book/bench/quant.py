@@ -1,0 +1,174 @@
+"""Benchmark of quantized experts: bf16 (ours) vs int8 and fp8 codes, T = 1 … 16384, CUDA graphs.
+
+    python -m dispatch_book.bench quant [--out results] [--shapes a,b] [--tokens 1,64,4096] [--quick]
+
+For each shape the bf16 experts are quantized with every scheme of :data:`dispatch.quant.SCHEMES`;
+for each token count one routing (softmax top-K of random logits) is given to every contestant:
+
+    T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme
+    T > 64   bf16 ``moe_experts`` vs  ``moe_experts_quant`` w8a16 per scheme, and w8a8 (fp8 schemes)
+
+Every call is replayed from a CUDA graph. Bandwidth counts the bytes actually stored: distinct
+experts used × (codes + scales) for the quantized ones, × 3·H·I·2 for bf16, over the device's HBM
+read ceiling. Each contestant is checked against its plain-PyTorch twin before it is timed. Also
+recorded: every scheme's exact expert bytes per layer, and the per-layer error of every preset
+(:func:`dispatch.quant.layer_error`, 8 experts sampled). Rows → ``results/<gpu>/quant.json``.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from dispatch import quant, runtime
+from dispatch.config import PRESETS, random_weights
+from dispatch.kernels.gemv import moe_decode
+from dispatch.kernels.grouped_gemm import moe_experts
+from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
+from dispatch.reference import route_reference
+from dispatch_book import bench
+
+SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
+TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
+QUICK_TOKENS = (1, 64, 4096)
+TWIN_TOL = 2e-2  # ‖kernel − twin‖ / ‖twin‖ in bf16
+QUANT_TOL = {"int8": 3e-2, "fp8": 8e-2, "w8a8": 0.1}  # ‖quantized − bf16‖ / ‖bf16‖
+
+
+def read_ceiling() -> tuple[float, str]:
+    """HBM read bytes/s of this GPU and where the number comes from (``bench.ceilings``)."""
+    c = bench.ceilings()
+    return c["hbm_read_gbps"] * 1e9, c["source"]
+
+
+def graph_time(fn) -> dict:
+    """Milliseconds of one replay of ``fn`` captured in a CUDA graph."""
+    return bench.time_ms(fn, graph=True)
+
+
+def contestants(T, x, w_TK, ids, gu, dn, qes):
+    """name → (fn, twin or None, error family) for this token count."""
+    if T <= 64:
+        out = {"bf16": (lambda: moe_decode(x, w_TK, ids, gu, dn), None, None)}
+        for s, qe in qes.items():
+            out[s] = (lambda q=qe: moe_decode_quant(x, w_TK, ids, q),
+                      lambda q=qe: moe_decode_quant_torch(x, w_TK, ids, q), s.split("-")[0])
+        return out
+    out = {"bf16": (lambda: moe_experts(x, w_TK, ids, gu, dn), None, None)}
+    for s, qe in qes.items():
+        out[s] = (lambda q=qe: moe_experts_quant(x, w_TK, ids, q),
+                  lambda q=qe: moe_experts_quant_torch(x, w_TK, ids, q), s.split("-")[0])
+        if s.startswith("fp8"):
+            out[s + "+w8a8"] = (lambda q=qe: moe_experts_quant(x, w_TK, ids, q, w8a8=True),
+                                lambda q=qe: moe_experts_quant_torch(x, w_TK, ids, q, w8a8=True), "w8a8")
+    return out
+
+
+def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=print) -> tuple[list[dict], list[dict]]:
+    """(rows per token count, memory rows per scheme) of one shape; ``timer(fn)`` → time_ms dict."""
+    cfg = PRESETS[name]
+    dt = runtime.compute_dtype(dev)
+    w = random_weights(cfg, dtype=dt, device=dev)
+    gu, dn = w.gate_up_E2IH, w.down_EHI
+    cap = runtime.capability(dev)
+    schemes = [s for s in quant.SCHEMES if s.startswith("int8") or cap is None or cap >= (8, 9)]
+    qes = {s: quant.quantize_experts(gu, dn, s) for s in schemes}
+    bf16_bytes = 2 * (gu.numel() + dn.numel())
+    memory = [{"shape": name, "scheme": s, "expert_bytes": qe.nbytes(), "bf16_bytes": bf16_bytes,
+               "ratio": qe.nbytes() / bf16_bytes} for s, qe in qes.items()]
+    per_expert = {"bf16": bf16_bytes // cfg.E, **{s: qe.nbytes() // cfg.E for s, qe in qes.items()}}
+    rows = []
+    for T in tokens:
+        g = torch.Generator(device=dev).manual_seed(T)
+        x = torch.randn(T, cfg.H, generator=g, device=dev).to(dt)
+        w_TK, ids = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
+        uniq = int(torch.unique(ids).numel())
+        row = {"shape": name, "tokens": T, "unique_experts": uniq, "path": "decode" if T <= 64 else "grouped",
+               "contestants": {}}
+        with torch.no_grad():
+            fns = contestants(T, x, w_TK, ids, gu, dn, qes)
+            y_bf16 = fns["bf16"][0]()
+            for cname, (fn, twin, family) in fns.items():
+                y = fn()
+                r = {}
+                if twin is not None:
+                    r["rel_err_twin"] = bench.rel_err(y, twin())
+                    r["rel_err_bf16"] = bench.rel_err(y, y_bf16)
+                    if r["rel_err_twin"] > TWIN_TOL or r["rel_err_bf16"] > QUANT_TOL[family]:
+                        raise AssertionError(f"{cname} is wrong on {name} T={T}: {r}")
+                r.update(timer(fn))
+                nbytes = uniq * per_expert[cname.split("+")[0]]
+                r.update(bytes_read=nbytes, pct_read_bw=100 * nbytes / (r["median_ms"] * 1e-3) / read_bps)
+                row["contestants"][cname] = r
+        base = row["contestants"]["bf16"]["median_ms"]
+        for r in row["contestants"].values():
+            r["speedup_vs_bf16"] = base / r["median_ms"]
+        rows.append(row)
+        log(f"{name:16s} T={T:5d} " + " ".join(f"{k} {v['median_ms'] * 1e3:8.1f}us ({v['speedup_vs_bf16']:.2f}x, "
+                                               f"{v['pct_read_bw']:.0f}%)" for k, v in row["contestants"].items()))
+        del x
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, memory
+
+
+def layer_errors(dev) -> list[dict]:
+    """Per-layer error of every scheme on every preset (8 experts sampled, 256 tokens)."""
+    out = []
+    for name, cfg in PRESETS.items():
+        for s in quant.SCHEMES:
+            out.append({"preset": name, "scheme": s, **quant.layer_error(cfg, s, experts=8, tokens=256, device=dev)})
+    return out
+
+
+def figure(doc: dict):
+    """Speed-up over bf16 at every T (top) and % of the read ceiling in stored bytes (bottom, decode)."""
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
+    fig, axes = plt.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 5.5), squeeze=False, sharey="row")
+    names = list(dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]))
+    for j, shape in enumerate(shapes):
+        rows = [r for r in doc["rows"] if r["shape"] == shape]
+        for name in names:
+            pts = [(r["tokens"], r["contestants"][name]) for r in rows if name in r["contestants"]]
+            style = dict(marker="o", ms=3, label=name, ls="--" if "w8a8" in name else "-")
+            axes[0, j].plot([t for t, _ in pts], [c["speedup_vs_bf16"] for _, c in pts], **style)
+            dec = [(t, c) for t, c in pts if t <= 64]
+            axes[1, j].plot([t for t, _ in dec], [c["pct_read_bw"] for _, c in dec], **style)
+        axes[0, j].set(title=shape, xscale="log", xlabel="tokens T")
+        axes[1, j].set(xscale="log", xlabel="tokens T (decode path)", ylim=(0, 100))
+    axes[0, 0].set_ylabel("speed-up over our bf16")
+    axes[1, 0].set_ylabel("% of HBM read bandwidth\n(bytes as stored)")
+    axes[0, -1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dispatch_book.bench quant")
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS} only")
+    bench.add_output_args(p)
+    a = p.parse_args(argv)
+    if not runtime.HAS_CUDA:
+        raise SystemExit("the quant benchmark needs a CUDA GPU (chapter 7 plots the recorded results instead)")
+    dev = torch.device("cuda")
+    read_bps, source = read_ceiling()
+    tokens = QUICK_TOKENS if a.quick else tuple(int(t) for t in a.tokens.split(","))
+    rows, memory = [], []
+    for name in a.shapes.split(","):
+        r, m = measure(name, tokens, dev, read_bps)
+        rows += r
+        memory += m
+    errors = layer_errors(dev)
+    path = bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty,
+                      extra={"read_bps": read_bps, "read_bps_source": source, "memory": memory,
+                             "layer_errors": errors, "dtype": str(runtime.compute_dtype(dev))})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

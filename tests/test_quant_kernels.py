@@ -1,0 +1,161 @@
+"""Quantized kernels (decode and grouped GEMM) against their twins and the reference layer.
+
+On CPU every path runs under Triton's interpreter (int8 and fp8 codes; fp8 w8a8 with the
+activations pre-rounded to e4m3 in fp32, see ``quant_kernels._e4m3_round``); `-m gpu` runs the
+compiled kernels in bf16 (fp8 on sm_89+).
+"""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import dispatch  # noqa: F401  (conftest imported it first: the interpreter is on before triton loads)
+from dispatch import quant, runtime
+from dispatch.config import MoEConfig, random_weights
+from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.gemv import DecodeConfig
+from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
+from dispatch.kernels.quant_kernels import _e4m3_round
+from dispatch.quant.formats import FP8
+from dispatch.reference import experts_reference, route_reference
+
+SCHEMES = sorted(quant.SCHEMES)
+# H = 192 and I = 160 are not multiples of 128: a 128×128 block straddles gate and up, and edges.
+SHAPES = [MoEConfig(64, 32, 8, 2), MoEConfig(192, 160, 6, 3)]
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def case(cfg, T, scheme, seed=0, dev="cpu", dtype=torch.float32, one_expert=False):
+    w = random_weights(cfg, seed=seed, device=dev)
+    g = torch.Generator(device=dev).manual_seed(seed + 1)
+    x = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
+    weights, ids = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
+    if one_expert:  # every token's first choice is expert 1
+        ids[:, 0] = 1
+        ids[:, 1:] = torch.where(ids[:, 1:] == 1, 0, ids[:, 1:])
+    return x, weights, ids, quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
+
+
+def reference(x, weights, ids, qe):
+    """Independent: the per-expert reference loop on the dequantized weights, fp32."""
+    gu, dn = qe.dequantize(torch.float32)
+    return experts_reference(x.float(), weights.float(), ids, gu, dn)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("cfg", SHAPES, ids=["tiny", "odd"])
+@pytest.mark.parametrize("T,one_expert", [(1, False), (5, True)])
+def test_decode_matches_twin_and_reference(scheme, cfg, T, one_expert):
+    x, w, ids, qe = case(cfg, T, scheme, seed=T, one_expert=one_expert)
+    y = moe_decode_quant(x, w, ids, qe)
+    assert rel(y, moe_decode_quant_torch(x, w, ids, qe)) < 1e-5
+    assert rel(y, reference(x, w, ids, qe)) < 1e-5
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("cfg", SHAPES, ids=["tiny", "odd"])
+@pytest.mark.parametrize("T", [2, 23])
+def test_grouped_w8a16_matches_twin_and_reference(scheme, cfg, T):
+    x, w, ids, qe = case(cfg, T, scheme, seed=T)
+    y = moe_experts_quant(x, w, ids, qe)
+    assert rel(y, moe_experts_quant_torch(x, w, ids, qe)) < 1e-5
+    assert rel(y, reference(x, w, ids, qe)) < 1e-5
+
+
+@pytest.mark.parametrize("scheme", ["fp8-channel", "fp8-block128"])
+@pytest.mark.parametrize("T", [1, 12])
+def test_grouped_w8a8_matches_twin(scheme, T):
+    x, w, ids, qe = case(SHAPES[1], T, scheme, seed=T)
+    cfg = GemmConfig(block_m=16, block_n=32, block_k=128, num_stages=1)
+    y = moe_experts_quant(x, w, ids, qe, w8a8=True, config=cfg)
+    assert rel(y, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
+    # fp8 activations cost accuracy: still close to the weight-only result (a few % of the output)
+    assert rel(y, reference(x, w, ids, qe)) < 0.08
+
+
+@triton.jit
+def _round_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(o_ptr + offs, _e4m3_round(v), mask=offs < n)
+
+
+def test_e4m3_round_matches_torch_conversion():
+    g = torch.Generator().manual_seed(0)
+    v = torch.cat([torch.randn(4000, generator=g) * 100, torch.randn(2000, generator=g) * 0.01,
+                   torch.tensor([127.4, -127.9, 0.0, 448.0, -448.0, 2 ** -10, 3 * 2 ** -10, 2 ** -6 * 0.99])])
+    v = v.clamp(-448, 448)
+    out = torch.empty_like(v)
+    _round_kernel[(triton.cdiv(v.numel(), 512),)](v, out, v.numel(), BLOCK=512)
+    assert torch.equal(out, v.to(FP8).float())
+
+
+def test_empty_batch_and_bad_inputs():
+    cfg = SHAPES[0]
+    x, w, ids, qe = case(cfg, 3, "int8-channel")
+    assert moe_decode_quant(x[:0], w[:0], ids[:0], qe).shape == (0, cfg.H)
+    assert moe_experts_quant(x[:0], w[:0], ids[:0], qe).shape == (0, cfg.H)
+    bad = ids.clone()
+    bad[0, 0] = cfg.E
+    for fn in (moe_decode_quant, moe_experts_quant):
+        with pytest.raises(ValueError, match=r"ids"):
+            fn(x, w, bad, qe)
+        with pytest.raises(ValueError, match="QuantizedExperts"):
+            fn(x, w, ids, qe.gate_up)
+        with pytest.raises(ValueError, match="H="):
+            fn(x[:, :32], w, ids, qe)
+    with pytest.raises(ValueError, match="w8a8 multiplies fp8 by fp8"):
+        moe_experts_quant(x, w, ids, qe, w8a8=True)
+    x, w, ids, q8 = case(cfg, 3, "fp8-block128")
+    with pytest.raises(ValueError, match="block_k must be 128"):
+        moe_experts_quant(x, w, ids, q8, w8a8=True, config=GemmConfig(block_m=16, block_k=64))
+
+
+def test_chunks_must_fit_the_scale_blocks():
+    x, w, ids, qe = case(MoEConfig(512, 256, 4, 2), 2, "int8-group128")
+    with pytest.raises(ValueError, match="block_h=256 must divide the scale block of 128"):
+        moe_decode_quant(x, w, ids, qe, config=DecodeConfig(block_h=256))
+    with pytest.raises(ValueError, match="block_k=256 must divide"):
+        moe_experts_quant(x, w, ids, qe, config=GemmConfig(block_m=16, block_k=256))
+
+
+# ---- compiled kernels on a GPU ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("T", [1, 8, 64, 600])
+def test_gpu_quant_kernels(scheme, T):
+    dev = torch.device("cuda")
+    if scheme.startswith("fp8") and runtime.capability(dev) < (8, 9):
+        pytest.skip("fp8 e4m3 codes need sm_89+")
+    dt = runtime.compute_dtype(dev)
+    cfg = MoEConfig(2048, 1024, 64, 8)
+    x, w, ids, qe = case(cfg, T, scheme, seed=T, dev=dev, dtype=dt)
+    twin = moe_experts_quant_torch(x, w, ids, qe)
+    if T <= 64:
+        assert rel(moe_decode_quant(x, w, ids, qe), twin) < 1e-2
+    assert rel(moe_experts_quant(x, w, ids, qe), twin) < 1e-2
+    if scheme.startswith("fp8") and runtime.capability(dev) >= (8, 9):
+        y8 = moe_experts_quant(x, w, ids, qe, w8a8=True)
+        assert rel(y8, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 2e-2
+        assert rel(y8, twin) < 0.08
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 3), (2, 40)], ids=["decode", "grouped"])
+def test_swapped_experts_run_our_kernels_in_a_transformers_model(batch, seq):
+    from dispatch.hf import moe_blocks, tiny_model
+
+    _, model = tiny_model("olmoe")
+    layers = quant.quantize_model(model, "int8-group128")
+    want = quant.dequantized_model(model, layers)
+    got = quant.swap_experts(quant.dequantized_model(model, layers), layers)
+    assert all(type(b.experts).__name__ == "QuantizedExpertsModule" for _, b in moe_blocks(got))
+    ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(got(input_ids=ids).logits, want(input_ids=ids).logits) < 1e-5
+    with pytest.raises(ValueError, match="do not match"):
+        quant.swap_experts(model, {7: layers[0]})
