@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch import MoEConfig, MoELayer, moe, random_weights
-from dispatch.kernels.tiles import GemmConfig
 from dispatch.kernels.gemv import DecodeConfig, decode_loop_torch, moe_decode, moe_decode_torch
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.persistent import moe_experts_persistent
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.reference import experts_reference
 
 CPU_TILES = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)

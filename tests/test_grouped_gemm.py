@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from dispatch import runtime
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels.combine import combine, combine_torch
-from dispatch.kernels.tiles import GemmConfig
 from dispatch.kernels.persistent import moe_experts_persistent
 from dispatch.kernels.sort import sort_by_expert_torch
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.reference import experts_reference
 
 CPU_CFG = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)

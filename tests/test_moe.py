@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dispatch import PRESETS, MoEConfig, MoELayer, MoEWeights, moe, random_weights, runtime
-from dispatch.kernels.tiles import GemmConfig
 from dispatch.kernels.gemv import DecodeConfig
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.moe import DECODE_MAX_TOKENS, pick_path
 from dispatch.reference import moe_reference
 

@@ -8,8 +8,8 @@ import torch
 
 from dispatch import MoEConfig, MoELayer, random_weights
 from dispatch.kernels.combine import combine
-from dispatch.kernels.tiles import GemmConfig
 from dispatch.kernels.gemv import DecodeConfig
+from dispatch.kernels.tiles import GemmConfig
 
 CFG = MoEConfig(32, 16, 8, 2, norm_topk_prob=True, shared_intermediate_size=16)
 TILES = {"triton": GemmConfig(16, 32, 32, 4, 1), "decode": DecodeConfig(block_i=16, block_h=32, block_ho=16,

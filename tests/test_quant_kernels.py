@@ -12,11 +12,10 @@ import triton.language as tl
 import dispatch  # noqa: F401  (conftest imported it first: the interpreter is on before triton loads)
 from dispatch import quant, runtime
 from dispatch.config import MoEConfig, random_weights
-from dispatch.kernels.gemm_config import GemmConfig
-from dispatch.kernels.gemv import DecodeConfig
 from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.kernels.quant_kernels import _e4m3_round
+from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.quant.formats import FP8
 from dispatch.reference import experts_reference, route_reference
 
@@ -102,8 +101,8 @@ def test_empty_batch_and_bad_inputs():
     bad = ids.clone()
     bad[0, 0] = cfg.E
     for fn in (moe_decode_quant, moe_experts_quant):
-        with pytest.raises(ValueError, match=r"ids"):
-            fn(x, w, bad, qe)
+        with pytest.raises(ValueError, match=r"ids_TK must hold expert ids in \[0, E="):
+            fn(x, w, bad, qe, check_ids=True)
         with pytest.raises(ValueError, match="QuantizedExperts"):
             fn(x, w, ids, qe.gate_up)
         with pytest.raises(ValueError, match="H="):

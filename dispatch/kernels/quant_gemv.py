@@ -17,9 +17,12 @@ import torch
 import triton
 
 from dispatch import runtime
-from dispatch.kernels.gemv import DecodeConfig, check_decode_inputs, default_config, moe_decode_torch
-from dispatch.kernels.gemv_kernels import _combine_kernel
+from dispatch.kernels import tiles
+from dispatch.kernels.checks import check_experts_inputs, check_launch
+from dispatch.kernels.combine import combine_impl
+from dispatch.kernels.gemv import moe_decode_torch
 from dispatch.kernels.quant_kernels import _down_q_kernel, _up_swiglu_q_kernel
+from dispatch.kernels.tiles import DecodeConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, QuantizedTensor
 
 
@@ -62,25 +65,21 @@ def scale_strides(t: QuantizedTensor) -> tuple[int, int, int]:
 
 
 def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, config: DecodeConfig | None = None,
-                     check_ids: bool | None = None) -> torch.Tensor:
+                     check_ids: bool = False) -> torch.Tensor:
     """:func:`dispatch.kernels.gemv.moe_decode` with quantized experts → y_TH [T, H] in x's dtype.
 
     ``experts`` from :func:`dispatch.quant.quantize_experts`, on x's device. ``config`` as for
-    ``moe_decode``; its block_h / block_id must fit the scale blocks (default: shrunk to fit).
+    ``moe_decode``; its block_h / block_id must fit the scale blocks (default: the tile policy's
+    heuristic tiles, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
     """
     gu, dn = stand_ins(x_TH, experts)
-    T, K, E, H, I = check_decode_inputs(x_TH, weights_TK, ids_TK, gu, dn)
-    if check_ids is None:
-        check_ids = x_TH.device.type == "cpu"
-    if check_ids and T and not bool(((ids_TK >= 0) & (ids_TK < E)).all()):
-        raise ValueError(f"ids_TK must hold expert ids in [0, {E}), got min {int(ids_TK.min())} "
-                         f"max {int(ids_TK.max())}")
-    cfg = config or fit_scales(default_config(T, K, E, H, I, x_TH.device), experts)
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn, check_ids=check_ids)
+    check_launch("moe_decode_quant", x_TH)
+    cfg = config or fit_scales(tiles.heuristic_decode(T, K, E, H, I, x_TH.device), experts)
     check_chunk("block_h", cfg.block_h, experts.gate_up)
     check_chunk("block_id", cfg.block_id, experts.down)
-    y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
     if T == 0:
-        return y_TH
+        return x_TH.new_empty(0, H)
     if x_TH.stride(1) != 1:
         x_TH = x_TH.contiguous()
     gq, dq = experts.gate_up.q.contiguous(), experts.down.q.contiguous()
@@ -104,10 +103,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
         SBR=d.block_rows, SBC=d.block_cols, LATE_SCALE=d.block_cols >= I,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-    _combine_kernel[(T, triton.cdiv(H, cfg.block_c))](
-        out_NH, ids_TK, y_TH, K, E, H, ids_TK.stride(0), ids_TK.stride(1), out_NH.stride(0), y_TH.stride(0),
-        BLOCK_C=cfg.block_c, num_warps=4)
-    return y_TH
+    return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype)  # rows with ids outside [0, E): selected away
 
 
 def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts) -> torch.Tensor:

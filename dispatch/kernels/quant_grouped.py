@@ -21,13 +21,13 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime
-from dispatch.kernels import gemm_config as gc
-from dispatch.kernels.combine import combine, combine_torch
-from dispatch.kernels.gemm_config import GemmConfig
-from dispatch.kernels.grouped_gemm import check_experts_input
+from dispatch.kernels import tiles
+from dispatch.kernels.checks import check_experts_inputs, check_launch
+from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.quant_gemv import check_chunk, scale_strides, stand_ins
 from dispatch.kernels.quant_kernels import _block_scales, _qdot
 from dispatch.kernels.sort import sort_by_expert
+from dispatch.kernels.tiles import GemmConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, fp8_activations
 
 W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
@@ -116,14 +116,14 @@ def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool) 
     """Pinned tiles: the interpreter's small config on CPU; on a GPU BLOCK_N 64 (the scaled partial
     products need a second accumulator's registers), BLOCK_K 128 for w8a8 (one activation scale per
     chunk) else 64, pipeline stages shrunk to the device's shared memory."""
-    if dev.type != "cuda":
-        return replace(gc.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else gc.INTERPRET_CONFIG
-    bm = gc.pick_block_m(T * K, E, dev)
-    bk = W8A8_GROUP if w8a8 else 64
-    stages = 4
-    while stages > 1 and gc.shared_bytes(bm, 64, bk, stages, 2, 2) > runtime.max_shared_bytes(dev) - 8192:
-        stages -= 1
-    return GemmConfig(block_m=bm, block_n=64, block_k=bk, num_warps=8 if bm >= 64 else 4, num_stages=stages)
+    if tiles.interpreting(dev):
+        return replace(tiles.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else tiles.INTERPRET_CONFIG
+    bm = tiles.pick_block_m(T * K, E, dev)
+    cfg = GemmConfig(block_m=bm, block_n=64, block_k=W8A8_GROUP if w8a8 else 64, num_warps=8 if bm >= 64 else 4,
+                     num_stages=4)
+    while cfg.num_stages > 1 and tiles.shared_bytes(cfg, 2) > runtime.max_shared_bytes(dev) - tiles.HEADROOM:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
 
 
 def _check_w8a8(x_TH, experts: QuantizedExperts) -> None:
@@ -135,23 +135,20 @@ def _check_w8a8(x_TH, experts: QuantizedExperts) -> None:
 
 
 def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
-                      config: GemmConfig | None = None) -> torch.Tensor:
+                      config: GemmConfig | None = None, check_ids: bool = False) -> torch.Tensor:
     """:func:`dispatch.kernels.grouped_gemm.moe_experts` with quantized experts → y_TH [T, H].
 
     ``w8a8``: fp8 activations too (per token and 128 columns), fp8 tensor cores; fp8 schemes on
     sm_89+ only. ``config`` pins the tiles (BLOCK_K must fit the scale blocks; 128 for w8a8).
+    Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
     """
     gu, dn = stand_ins(x_TH, experts)
-    check_experts_input(x_TH, weights_TK, ids_TK, gu, dn)
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn, check_ids=check_ids)
     if w8a8:
         _check_w8a8(x_TH, experts)
-    T, H = x_TH.shape
-    K, E, I = ids_TK.shape[1], experts.E, experts.I
     if T == 0:
         return x_TH.new_zeros(0, H)
-    if not runtime.triton_ok(x_TH) or (x_TH.device.type == "cpu" and x_TH.dtype == torch.bfloat16):
-        raise ValueError(f"Triton cannot run {x_TH.dtype} on {x_TH.device} here (CUDA, or fp32/fp16 on CPU "
-                         "under TRITON_INTERPRET=1)")
+    check_launch("moe_experts_quant", x_TH)
     cfg = config or default_quant_config(T, K, E, x_TH.device, w8a8)
     if w8a8 and cfg.block_k != W8A8_GROUP:
         raise ValueError(f"w8a8 scales activations per {W8A8_GROUP} columns: block_k must be {W8A8_GROUP}, "
@@ -176,7 +173,7 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
         h_PI, d.q, d.scale, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I,
         *h_PI.stride(), *d.q.stride(), *scale_strides(d), *out_NH.stride(),
         SBR=d.block_rows, SBC=d.block_cols, LATE_SCALE=not w8a8 and d.block_cols >= I, **launch)
-    return combine(out_NH, K)
+    return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)  # rows with ids outside [0, E): selected away
 
 
 def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False):
@@ -184,16 +181,16 @@ def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts,
     routed rows rounded to x's dtype as the kernels store them; w8a8 rounds x and h through fp8
     (:func:`dispatch.quant.formats.fp8_activations`); k-order combine."""
     gu, dn = stand_ins(x_TH, experts)
-    check_experts_input(x_TH, weights_TK, ids_TK, gu, dn)
-    T, H = x_TH.shape
-    K = ids_TK.shape[1]
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn)
     gu_E2IH, down_EHI = experts.dequantize(torch.float32)
     act = (lambda a: fp8_activations(a, W8A8_GROUP)) if w8a8 else (lambda a: a.float())
     ids_N = ids_TK.reshape(-1)
     out_NH = torch.zeros(T * K, H, dtype=torch.float32, device=x_TH.device)
     for e in torch.unique(ids_N).tolist():
+        if not 0 <= e < E:
+            continue  # such rows add nothing, as in the kernels
         rows = torch.nonzero(ids_N == e).flatten()
         gate_MI, up_MI = F.linear(act(x_TH[rows // K]), gu_E2IH[e]).chunk(2, dim=-1)
         h_MI = (F.silu(gate_MI) * up_MI).to(x_TH.dtype)
         out_NH[rows] = F.linear(act(h_MI), down_EHI[e]) * weights_TK.reshape(-1)[rows, None].float()
-    return combine_torch(out_NH.to(x_TH.dtype), K)
+    return combine_torch(out_NH.to(x_TH.dtype), K, ids_TK=ids_TK, num_experts=E)

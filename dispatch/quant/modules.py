@@ -19,7 +19,7 @@ def quantized_forward(experts: QuantizedExperts, hidden_states: torch.Tensor, to
     ``DECODE_MAX_TOKENS`` tokens (weight-only), else the grouped GEMM (w8a16, or fp8 w8a8)."""
     from dispatch.kernels.quant_gemv import moe_decode_quant
     from dispatch.kernels.quant_grouped import moe_experts_quant
-    from dispatch.moe import DECODE_MAX_TOKENS
+    from dispatch.kernels.tiles import DECODE_MAX_TOKENS
 
     w_TK = top_k_weights.float()
     if hidden_states.shape[0] <= DECODE_MAX_TOKENS and not w8a8:
