@@ -29,6 +29,7 @@ from dispatch.kernels.quant_kernels import _block_scales, _qdot
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, fp8_activations
+from dispatch.reference import swiglu
 
 W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
 
@@ -190,7 +191,6 @@ def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts,
         if not 0 <= e < E:
             continue  # such rows add nothing, as in the kernels
         rows = torch.nonzero(ids_N == e).flatten()
-        gate_MI, up_MI = F.linear(act(x_TH[rows // K]), gu_E2IH[e]).chunk(2, dim=-1)
-        h_MI = (F.silu(gate_MI) * up_MI).to(x_TH.dtype)
+        h_MI = swiglu(F.linear(act(x_TH[rows // K]), gu_E2IH[e])).to(x_TH.dtype)
         out_NH[rows] = F.linear(act(h_MI), down_EHI[e]) * weights_TK.reshape(-1)[rows, None].float()
     return combine_torch(out_NH.to(x_TH.dtype), K, ids_TK=ids_TK, num_experts=E)
