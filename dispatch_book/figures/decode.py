@@ -51,7 +51,7 @@ def bandwidth(doc: dict, hbm_bps: float = H200_HBM_BPS, *, hbm_label: str = "HBM
     ``hbm_bps`` (bytes/s, labelled ``hbm_label``) and 80% of it drawn on top."""
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.6 * len(shapes), 3.8), squeeze=False, sharey=True)
-    for ax, shape in zip(axes[0], shapes):
+    for ax, shape in zip(axes[0], shapes, strict=False):
         rows = [r for r in doc["rows"] if r["shape"] == shape]
         names = list(dict.fromkeys(n for r in rows for n in r["contestants"]))
         for name in names:
@@ -59,7 +59,7 @@ def bandwidth(doc: dict, hbm_bps: float = H200_HBM_BPS, *, hbm_label: str = "HBM
                    if "gbps" in r["contestants"].get(name, {})]
             if pts:
                 base = name.split("_")[0] if name.startswith("ours") else name
-                ax.plot(*zip(*pts), marker="o", ms=3, label=LABELS.get(name, name), color=color(base),
+                ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=LABELS.get(name, name), color=color(base),
                         ls={"ours_graph": "--", "ours_wide": ":"}.get(name, "-"))
         ax.axhline(hbm_bps / 1e9, color=color("ceiling"), lw=1)
         ax.axhline(0.8 * hbm_bps / 1e9, color=color("ceiling"), lw=0.8, ls=":")

@@ -69,7 +69,8 @@ def block_scan_figure(ids_TK: torch.Tensor, num_experts: int, block_n: int):
     N = ids_TK.numel()
     fig, axes = plt.subplots(1, 2, figsize=(min(1.2 + 0.7 * num_experts, 12), 0.5 * len(hist) + 1.6),
                              constrained_layout=True)
-    for ax, mat, name in zip(axes, (hist, before), ("kernel 1: hist[b, e]", "kernel 2: before[b, e]")):
+    for ax, mat, name in zip(axes, (hist, before), ("kernel 1: hist[b, e]", "kernel 2: before[b, e]"),
+                             strict=True):
         ax.imshow(mat, cmap="Blues", aspect="auto", vmin=0, vmax=max(int(mat.max()), 1) * 1.6)
         for (b, e), v in np.ndenumerate(mat):
             ax.text(e, b, str(v), ha="center", va="center", fontsize=8)
@@ -89,13 +90,13 @@ def routing_sort_figure(doc: dict, ops=("route", "sort")):
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.6), squeeze=False,
                              constrained_layout=True, sharey=True)
-    for ax, shape in zip(axes[0], shapes):
-        for op, ls in zip(ops, ("-", "--", ":")):
+    for ax, shape in zip(axes[0], shapes, strict=False):
+        for op, ls in zip(ops, ("-", "--", ":")[:len(ops)], strict=True):
             for impl in ("ours", "torch"):
                 pts = sorted((r["T"], r["median_ms"] * 1e3) for r in rows
                              if r["shape"] == shape and r["op"] == op and r["impl"] == impl)
                 if pts:
-                    ax.plot(*zip(*pts), ls=ls, marker="o", ms=3, color=color(impl), label=f"{op}: {impl}")
+                    ax.plot(*zip(*pts, strict=True), ls=ls, marker="o", ms=3, color=color(impl), label=f"{op}: {impl}")
         r0 = next(r for r in rows if r["shape"] == shape)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -1,0 +1,110 @@
+"""What the chapters print about correctness, sources and ceilings: stable on every machine.
+
+A chapter never prints raw round-off (``rel err 2.3e-07`` differs between CPUs, thread counts and
+BLAS builds); it prints a verdict against a stated tolerance, or whether two tensors are bitwise
+equal, and stops the notebook when the verdict fails.
+
+    verdict("kernel vs reference", y, ref, rtol=1e-5)   # kernel vs reference: ok (rel err < 1e-05)
+    bitwise("two runs", y1, y2)                         # two runs: bitwise equal, yes
+    show_source(_up_tile)                               # a kernel's own source, numbered lines
+    ceilings("h200")                                    # the measured ceilings the figures divide by
+    table(rows, ["shape", "T", "ms"])                   # a rendered markdown table
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+__all__ = ["rel_err", "verdict", "bitwise", "tolerance", "show_source", "ceilings", "table"]
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖got − ref‖ / ‖ref‖ in fp64 (0 when both are zero); used only to decide a verdict."""
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    den = ref.norm().item()
+    num = (got - ref).norm().item()
+    return num / den if den else num
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """The relative tolerance a kernel's result is held to against an fp32-accumulating reference:
+    fp32 1e-5; fp16/bf16 1e-2 (inputs and intermediates are rounded to 8–11 significant bits)."""
+    return 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
+
+
+def verdict(name: str, got: torch.Tensor, ref: torch.Tensor, rtol: float, *, check: bool = True) -> bool:
+    """Print ``name: ok (rel err < rtol)`` or ``name: FAILED (...)`` and, with ``check``, raise on
+    failure. Non-finite values in ``got`` where ``ref`` is finite fail."""
+    if got.shape != ref.shape:
+        raise ValueError(f"{name}: shapes differ, {tuple(got.shape)} vs {tuple(ref.shape)}")
+    finite = bool(torch.isfinite(got).all()) or not bool(torch.isfinite(ref).all())
+    err = rel_err(got, ref) if finite else float("inf")
+    ok = finite and err < rtol
+    print(f"{name}: {'ok' if ok else 'FAILED'} (rel err {'<' if ok else '>='} {rtol:.0e})")
+    if check and not ok:
+        raise AssertionError(f"{name}: relative error {err:.3g} is not below {rtol:.0e}")
+    return ok
+
+
+def bitwise(name: str, a: torch.Tensor, b: torch.Tensor, *, expect: bool | None = True) -> bool:
+    """Print ``name: bitwise equal, yes|no``; raise when ``expect`` is given and not met."""
+    same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    print(f"{name}: bitwise equal, {'yes' if same else 'no'}")
+    if expect is not None and same != expect:
+        raise AssertionError(f"{name}: expected bitwise equal = {expect}")
+    return same
+
+
+def show_source(fn, *, start: int | None = None, stop: int | None = None) -> None:
+    """Print a function's source as the package has it (a ``@triton.jit`` function's ``.fn``), with
+    line numbers so the prose can point at them; ``start``/``stop`` pick a line range (1-based)."""
+    fn = getattr(fn, "fn", fn)
+    lines = inspect.getsource(fn).rstrip("\n").splitlines()
+    first = start or 1
+    lines = lines[first - 1:stop]
+    path = inspect.getsourcefile(fn) or "?"
+    mod = path[path.rfind("dispatch"):].replace("\\", "/") if "dispatch" in path else path
+    print(f"# {mod}: {fn.__name__}")
+    for i, line in enumerate(lines, first):
+        print(f"{i:3d}  {line}")
+
+
+def ceilings(gpu: str = "h200") -> dict:
+    """The ceilings a "% of peak" divides by: ``hbm_copy_gbps``, ``hbm_read_gbps`` (None where not
+    measured), ``bf16_tflops`` and ``source``, from the measured results file of ``gpu``.
+
+    The one place the chapters get ceilings from. It defers to ``dispatch_book.bench.ceilings`` when
+    the harness provides it, else it reads ``results/<gpu>/ceilings.json`` itself."""
+    from dispatch_book import bench
+
+    fn = getattr(bench, "ceilings", None)
+    if callable(fn):
+        return dict(fn(gpu))
+    doc = bench.load("ceilings", gpu=gpu)
+    if doc is None:
+        raise FileNotFoundError(f"no measured ceilings for {gpu!r} (results/{gpu}/ceilings.json)")
+    rows = {r["ceiling"]: r for r in doc["rows"]}
+    read = rows.get("hbm_read")
+    return {"hbm_copy_gbps": rows["hbm_copy"]["GBps"],
+            "hbm_read_gbps": read["GBps"] if read else None,
+            "bf16_tflops": rows["bfloat16_matmul"]["TFLOPs"],
+            "source": bench.provenance(doc)}
+
+
+def _cell(v, fmt):
+    if v is None or (isinstance(v, float) and v != v):
+        return "–"
+    return format(v, fmt) if fmt else str(v)
+
+
+def table(rows: list[dict], columns: list[str], formats: dict | None = None, headers: dict | None = None):
+    """A markdown table (rendered in the book, compared as text by nbval) of ``rows``' ``columns``;
+    ``formats`` maps a column to a format spec (``".2f"``), ``headers`` to its heading."""
+    from IPython.display import Markdown
+
+    formats, headers = formats or {}, headers or {}
+    head = [headers.get(c, c) for c in columns]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if formats.get(c) else "---" for c in columns) + "|"]
+    out += ["| " + " | ".join(_cell(r.get(c), formats.get(c)) for c in columns) + " |" for r in rows]
+    return Markdown("\n".join(out))
