@@ -16,7 +16,7 @@ import inspect
 
 import torch
 
-__all__ = ["rel_err", "verdict", "bitwise", "tolerance", "show_source", "ceilings", "table"]
+__all__ = ["rel_err", "verdict", "bitwise", "tolerance", "show_source", "ceilings", "table", "exercises"]
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -108,3 +108,22 @@ def table(rows: list[dict], columns: list[str], formats: dict | None = None, hea
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if formats.get(c) else "---" for c in columns) + "|"]
     out += ["| " + " | ".join(_cell(r.get(c), formats.get(c)) for c in columns) + " |" for r in rows]
     return Markdown("\n".join(out))
+
+
+def exercises(*names: str) -> None:
+    """Check the reader's exercises ``names`` (files under the repository's ``exercises/``): prints
+    ``passed`` or ``not yet`` and the first failure for each. Needs a clone of the repository."""
+    import pathlib
+    import sys
+
+    here = [pathlib.Path(__file__).resolve().parent.parent, *pathlib.Path.cwd().resolve().parents]
+    root = next((p for p in here if (p / "exercises" / "_checks.py").exists()), None)
+    if root is None:
+        print("the exercises live in the repository's exercises/ folder: clone it to run them")
+        return
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from exercises import check
+
+    for name in names:
+        check(name)
