@@ -62,7 +62,7 @@ def ch01_offsets(mod) -> None:
             ref.append(pos)
         got = mod.padded_offsets(torch.tensor(counts, dtype=torch.int32), bm)
         assert isinstance(got, torch.Tensor) and got.tolist() == ref, \
-            f"padded_offsets({counts}, block_m={bm}) = {getattr(got, 'tolist', lambda: got)()}, expected {ref}"
+            f"padded_offsets({counts}, block_m={bm}) = {got!r}, expected {ref}"
 
 
 def ch01_top1(mod) -> None:
@@ -133,7 +133,8 @@ def ch03_experts_touched(mod) -> None:
     assert abs(mod.experts_touched(E, K, T) - mean) < 0.1, \
         f"experts_touched({E}, {K}, {T}) = {mod.experts_touched(E, K, T):.3f}, a simulation gives {mean:.3f}"
     got = mod.expert_bytes_read(64, 8, 1, 2048, 1024)
-    assert abs(got - 8 * 3 * 2048 * 1024 * 2) < 1, f"expert_bytes_read(OLMoE, T=1) = {got}, expected 8 experts' bf16 weights"
+    assert abs(got - 8 * 3 * 2048 * 1024 * 2) < 1, \
+        f"expert_bytes_read(OLMoE, T=1) = {got}, expected 8 experts' bf16 weights"
 
 
 def ch05_aux_loss(mod) -> None:
