@@ -33,7 +33,7 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
 
 
-def verdict(name: str, got: torch.Tensor, ref: torch.Tensor, rtol: float, *, check: bool = True) -> bool:
+def verdict(name: str, got: torch.Tensor, ref: torch.Tensor, rtol: float, *, check: bool = True) -> None:
     """Print ``name: ok (rel err < rtol)`` or ``name: FAILED (...)`` and, with ``check``, raise on
     failure. Non-finite values in ``got`` where ``ref`` is finite fail."""
     if got.shape != ref.shape:
@@ -44,16 +44,14 @@ def verdict(name: str, got: torch.Tensor, ref: torch.Tensor, rtol: float, *, che
     print(f"{name}: {'ok' if ok else 'FAILED'} (rel err {'<' if ok else '>='} {rtol:.0e})")
     if check and not ok:
         raise AssertionError(f"{name}: relative error {err:.3g} is not below {rtol:.0e}")
-    return ok
 
 
-def bitwise(name: str, a: torch.Tensor, b: torch.Tensor, *, expect: bool | None = True) -> bool:
+def bitwise(name: str, a: torch.Tensor, b: torch.Tensor, *, expect: bool | None = True) -> None:
     """Print ``name: bitwise equal, yes|no``; raise when ``expect`` is given and not met."""
     same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
     print(f"{name}: bitwise equal, {'yes' if same else 'no'}")
     if expect is not None and same != expect:
         raise AssertionError(f"{name}: expected bitwise equal = {expect}")
-    return same
 
 
 def show_source(fn, *, start: int | None = None, stop: int | None = None) -> None:

@@ -91,19 +91,26 @@ ARC = (("1 loop over experts", "hf_eager"), ("2 padded bmm", "hf_batched_mm"),
        ("3 grouped GEMM (unfused)", "hf_grouped_mm"), ("4+5 fused SwiGLU, combine", "ours_grouped"))
 
 
-def arc_steps(times_ms: dict[str, float], *, title: str):
-    """One bar per step of the chapter (``times_ms``: step label → milliseconds; NaN = not measured)."""
-    fig, ax = plt.subplots(figsize=(8, 2.8))
-    labels = list(times_ms)
-    vals = [times_ms[k] for k in labels]
-    colors = [color("ours") if k.startswith("4") else color("eager") for k in labels]
-    ax.barh(range(len(labels)), vals, color=colors)
-    for i, v in enumerate(vals):
-        ax.text(v, i, f" {v:.3g} ms" if v == v else " not measured", va="center", fontsize=9)
-    ax.set_yticks(range(len(labels)), labels)
+def arc_steps(series: dict[str, dict[str, float]], *, title: str):
+    """Grouped bars, one group per step of the chapter: ``series`` maps a label (a token count, a
+    device) to {step label: milliseconds}; NaN or a missing step is written "not recorded"."""
+    steps = list(dict.fromkeys(k for times in series.values() for k in times))
+    palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
+    fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(steps) * len(series)))
+    h = 0.8 / len(series)
+    vals = [v for times in series.values() for v in times.values() if v == v]
+    for j, (label, times) in enumerate(series.items()):
+        ys = [i + (j - (len(series) - 1) / 2) * h for i in range(len(steps))]
+        ms = [times.get(k, float("nan")) for k in steps]
+        ax.barh(ys, [m if m == m else 0 for m in ms], height=h, color=palette[j % 4], label=label)
+        for y, m in zip(ys, ms, strict=True):
+            ax.text(m if m == m else min(vals), y, f" {m:.3g} ms" if m == m else " not recorded",
+                    va="center", fontsize=9)
+    ax.set_yticks(range(len(steps)), steps)
     ax.invert_yaxis()
     ax.set(xscale="log", xlabel="ms per call (lower is better)", title=title)
-    ax.set_xlim(right=max(v for v in vals if v == v) * 4)
+    ax.set_xlim(min(vals) / 2, max(vals) * 6)
+    ax.legend(fontsize=9, loc="lower right")
     fig.tight_layout()
     return fig
 
