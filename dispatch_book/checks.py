@@ -125,3 +125,21 @@ def exercises(*names: str) -> None:
 
     for name in names:
         check(name)
+
+
+def time_graph_ms(fn) -> float:
+    """Median milliseconds of one replay of ``fn`` captured in a CUDA graph (launch overhead gone):
+    the harness's ``time_ms(fn, graph=True)``."""
+    from dispatch_book import bench
+
+    try:
+        return bench.time_ms(fn, graph=True)["median_ms"]
+    except TypeError:  # a harness without graph timing: capture here
+        import torch
+
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return bench.time_ms(g.replay)["median_ms"]
