@@ -36,26 +36,68 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
 def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor_label: str = "anchor"):
     """Perplexity relative to dropless against the fraction of routed pairs dropped.
 
-    Rows: ``{"capacity_factor", "dropped", "ppl"}`` (dropless first, capacity_factor None)."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for rows, label, marker in ((ours, "ours", "o"), (anchor or [], anchor_label, "s")):
+    Rows: ``{"capacity_factor", "dropped", "ppl"}`` (dropless first, capacity_factor None). Points
+    that coincide share one label; ours are labelled above, the anchor's below."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ratios = []
+    for rows, label, marker, dy, col in ((ours, "ours", "o", 6, "#d62728"),
+                                         (anchor or [], anchor_label, "s", -12, "#1f77b4")):
         if not rows:
             continue
         base = rows[0]["ppl"]
-        ax.plot([100 * r["dropped"] for r in rows], [r["ppl"] / base for r in rows], marker=marker, label=label)
-        for r in rows:
+        pts = [(100 * r["dropped"], r["ppl"] / base) for r in rows]
+        ratios += [y for _, y in pts]
+        ax.plot(*zip(*pts, strict=True), marker=marker, label=label, color=col)
+        groups = {}
+        for r, (x, y) in zip(rows, pts, strict=True):
             cf = "dropless" if r["capacity_factor"] is None else f"CF {r['capacity_factor']}"
-            ax.annotate(cf, (100 * r["dropped"], r["ppl"] / base), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+            groups.setdefault((round(x, 1), round(y, 3)), []).append(cf)
+        for (x, y), names in groups.items():
+            ax.annotate(", ".join(names), (x, y), fontsize=9, xytext=(4, dy), textcoords="offset points",
+                        color=col)
     ax.set_xlabel("routed (token, expert) pairs dropped (%)")
     ax.set_ylabel("perplexity / dropless perplexity")
     ax.set_yscale("log")
+    top = max(ratios) * 1.3
+    ax.set_yticks([t for t in (1, 1.02, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 7, 10) if t <= top])
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.legend()
+    ax.set_ylim(0.97, top)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left")
     ax.set_title("What a capacity limit costs at inference")
     fig.tight_layout()
     return fig
+
+
+def capacity_reference() -> tuple[dict, ...]:
+    """The reference capacity sweep of OLMoE-1B-7B on WikiText-2 that ``dispatch.balance`` holds."""
+    from dispatch import balance
+
+    names = [n for n in dir(balance) if n.endswith("OLMOE_WIKITEXT2")]
+    return tuple(getattr(balance, names[0])) if names else ()
+
+
+def describe_checkpoint(ck, model: str, dataset: str) -> list[str]:
+    """Where a loaded checkpoint came from, and whether this Python's corpus is the one it saw."""
+    from dispatch import data
+
+    log, out = ck.log, []
+    if not log:
+        return out
+    out.append(f"trained by `{log['command']}` ({log['config']['steps']} steps, "
+               f"balance={log['config']['balance']}) on Python {log['python']}, "
+               f"corpus {log['manifest_hash']}, in {log['train_seconds']:.0f} s")
+    if dataset == "stdlib":
+        here = data.manifest()
+        if here["hash"] == log["manifest_hash"]:
+            out.append(f"this Python's standard library is the same corpus ({here['hash']}): "
+                       "numbers reproduce")
+        else:
+            out.append(f"NOTE: this Python ({here['python']}) has another standard library (corpus "
+                       f"{here['hash']}) than the checkpoint's ({log['python']}, {log['manifest_hash']}): "
+                       "the numbers below will differ from the book's; retrain=True trains on this one.")
+    return out
 
 
 def training_curves(runs: dict[str, dict]):
@@ -88,7 +130,7 @@ def placement_bars(table: dict[int, dict[str, float]]):
     ``table``: ranks → {placement name → max/mean}."""
     ranks = sorted(table)
     names = list(table[ranks[0]])
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
     w = 0.8 / len(names)
     for i, n in enumerate(names):
         ax.bar([j + i * w for j in range(len(ranks))], [table[r][n] for r in ranks], width=w, label=n)
@@ -96,6 +138,7 @@ def placement_bars(table: dict[int, dict[str, float]]):
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_ylabel("busiest rank / mean rank")
     ax.set_title("Expert placement")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0.9, max(max(row.values()) for row in table.values()) * 1.05)
+    ax.legend(fontsize=9, loc="upper left")
     fig.tight_layout()
     return fig
