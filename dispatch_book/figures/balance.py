@@ -34,35 +34,31 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
 
 
 def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor_label: str = "anchor"):
-    """Perplexity relative to dropless against the fraction of routed pairs dropped.
+    """Perplexity increase over dropless (%, symlog axis) against the fraction of routed pairs dropped.
 
     Rows: ``{"capacity_factor", "dropped", "ppl"}`` (dropless first, capacity_factor None). Points
     that coincide share one label; ours are labelled above, the anchor's below."""
     fig, ax = plt.subplots(figsize=(8, 4))
-    ratios = []
-    for rows, label, marker, dy, col in ((ours, "ours", "o", 6, "#d62728"),
-                                         (anchor or [], anchor_label, "s", -12, "#1f77b4")):
+    for rows, label, marker, dy, col in ((ours, "ours", "o", 8, "#d62728"),
+                                         (anchor or [], anchor_label, "s", -14, "#1f77b4")):
         if not rows:
             continue
         base = rows[0]["ppl"]
-        pts = [(100 * r["dropped"], r["ppl"] / base) for r in rows]
-        ratios += [y for _, y in pts]
+        pts = [(100 * r["dropped"], 100 * (r["ppl"] / base - 1)) for r in rows]
         ax.plot(*zip(*pts, strict=True), marker=marker, label=label, color=col)
         groups = {}
         for r, (x, y) in zip(rows, pts, strict=True):
             cf = "dropless" if r["capacity_factor"] is None else f"CF {r['capacity_factor']}"
-            groups.setdefault((round(x, 1), round(y, 3)), []).append(cf)
-        for (x, y), names in groups.items():
-            ax.annotate(", ".join(names), (x, y), fontsize=9, xytext=(4, dy), textcoords="offset points",
-                        color=col)
+            groups.setdefault((round(x, 1), round(y, 1)), []).append(cf)
+        for j, ((x, y), names) in enumerate(groups.items()):
+            ax.annotate(", ".join(names), (x, y), fontsize=9, color=col, textcoords="offset points",
+                        xytext=(4, dy + (10 if dy > 0 and j % 2 else 0)))
     ax.set_xlabel("routed (token, expert) pairs dropped (%)")
-    ax.set_ylabel("perplexity / dropless perplexity")
-    ax.set_yscale("log")
-    top = max(ratios) * 1.3
-    ax.set_yticks([t for t in (1, 1.02, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 7, 10) if t <= top])
+    ax.set_ylabel("perplexity increase over dropless (%)")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_yticks([0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000])
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(0.97, top)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="upper left")
     ax.set_title("What a capacity limit costs at inference")
