@@ -74,6 +74,17 @@ def routing_widget(seed: int = 0):
                     temperature=FloatLogSlider(1.0, base=10, min=-1, max=1), tokens=IntSlider(24, 1, 64))
 
 
+def roofline(fn, *args, ceil: dict, **kw):
+    """Call an arithmetic roofline function (``expert_layer_roofline``, ``decode_step_roofline``),
+    passing the ceilings where the function takes them; only its ``flops`` and ``bytes`` are used."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if "hbm_bps" in params:
+        kw.update(hbm_bps=ceil["hbm_copy_gbps"] * 1e9, flops_per_s=ceil["bf16_tflops"] * 1e12)
+    return fn(*args, **kw)
+
+
 def floors(flops: float, nbytes: float, ceil: dict) -> dict:
     """Memory and compute floors (seconds) of some work on the ceilings ``ceil`` (``hbm_copy_gbps``,
     ``bf16_tflops``, as from ``dispatch_book.checks.ceilings``)."""
@@ -94,7 +105,8 @@ def decode_table(shape, tokens, context: int, ceil: dict, bytes_per_param: int =
     of KV cache): weights read, KV cache read, FLOPs, intensity and the floor on ``ceil``."""
     m, rows = shape.moe, []
     for T in tokens:
-        r = decode_step_roofline(shape, T, bytes_per_param=bytes_per_param, context=context)
+        r = roofline(decode_step_roofline, shape, T, ceil=ceil, bytes_per_param=bytes_per_param,
+                     context=context)
         kv = T * context * kv_bytes_per_token(shape, bytes_per_param)
         nbytes = r.bytes + kv
         f = floors(r.flops, nbytes, ceil)
@@ -109,7 +121,8 @@ def roofline_figure(cfg: MoEConfig, ceil: dict, tokens=(1, 4, 16, 64, 256, 1024,
                     bytes_per_param: int = 2, gpu: str = "H200"):
     """Floors of the routed experts of one layer vs batch size: time per step (memory vs compute)
     and per token, on the measured ceilings ``ceil`` of ``gpu``."""
-    lay = [expert_layer_roofline(cfg, t, bytes_per_param=bytes_per_param) for t in tokens]
+    lay = [roofline(expert_layer_roofline, cfg, t, ceil=ceil, bytes_per_param=bytes_per_param)
+           for t in tokens]
     rows = [floors(r.flops, r.bytes, ceil) for r in lay]
     t_mem = np.array([r["t_memory_s"] for r in rows]) * 1e6
     t_cmp = np.array([r["t_compute_s"] for r in rows]) * 1e6
