@@ -96,16 +96,41 @@ def _cell(v, fmt):
     return format(v, fmt) if fmt else str(v)
 
 
-def table(rows: list[dict], columns: list[str], formats: dict | None = None, headers: dict | None = None):
-    """A markdown table (rendered in the book, compared as text by nbval) of ``rows``' ``columns``;
-    ``formats`` maps a column to a format spec (``".2f"``), ``headers`` to its heading."""
-    from IPython.display import Markdown
+class Table:
+    """A table that renders as HTML in the book and in Jupyter, as markdown where that is preferred,
+    and as the same markdown text in plain-text outputs (what nbval compares is stable text)."""
 
+    def __init__(self, head: list[str], body: list[list[str]], numeric: list[bool]):
+        self.head, self.body, self.numeric = head, body, numeric
+
+    def _repr_markdown_(self) -> str:
+        out = ["| " + " | ".join(self.head) + " |",
+               "|" + "|".join("---:" if n else "---" for n in self.numeric) + "|"]
+        return "\n".join(out + ["| " + " | ".join(r) + " |" for r in self.body])
+
+    def _repr_html_(self) -> str:
+        import html
+
+        def row(cells, tag):
+            return "<tr>" + "".join(
+                f'<{tag} style="text-align:{"right" if n else "left"}">{html.escape(c)}</{tag}>'
+                for c, n in zip(cells, self.numeric, strict=True)) + "</tr>"
+
+        return ('<table class="table">\n<thead>' + row(self.head, "th") + "</thead>\n<tbody>\n"
+                + "\n".join(row(r, "td") for r in self.body) + "\n</tbody>\n</table>")
+
+    def __repr__(self) -> str:
+        return self._repr_markdown_()
+
+
+def table(rows: list[dict], columns: list[str], formats: dict | None = None,
+          headers: dict | None = None) -> Table:
+    """A table of ``rows``' ``columns``, rendered in the book; ``formats`` maps a column to a format
+    spec (``".2f"``: also right-aligns it), ``headers`` a column to its heading."""
     formats, headers = formats or {}, headers or {}
-    head = [headers.get(c, c) for c in columns]
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if formats.get(c) else "---" for c in columns) + "|"]
-    out += ["| " + " | ".join(_cell(r.get(c), formats.get(c)) for c in columns) + " |" for r in rows]
-    return Markdown("\n".join(out))
+    return Table([headers.get(c, c) for c in columns],
+                 [[_cell(r.get(c), formats.get(c)) for c in columns] for r in rows],
+                 [bool(formats.get(c)) for c in columns])
 
 
 def exercises(*names: str) -> None:
