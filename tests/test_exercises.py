@@ -2,13 +2,15 @@
 cannot fail teaches nothing), and every exercise is introduced by a chapter."""
 import json
 import pathlib
+import sys
 
 import pytest
 
-import exercises
-from exercises import NAMES, check
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # exercises/ lives in the repository, not in the installed package
+
+import exercises  # noqa: E402
+from exercises import NAMES, check  # noqa: E402
 
 
 @pytest.mark.parametrize("name", NAMES)
