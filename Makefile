@@ -13,11 +13,11 @@ ARGS ?=
 # (MPLBACKEND=Agg) would drop them and fail nbval.
 unexport MPLBACKEND
 
-.PHONY: book test test-gpu bench clean env
+.PHONY: book book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels
 
 env: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
@@ -34,10 +34,33 @@ book: $(STAMP)
 test: $(STAMP)
 	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(PY) -m pytest tests notebooks --nbval --nbval-current-env --nbval-sanitize-with .nbval_sanitize.cfg -m "not gpu" $(ARGS)
 
+# The notebooks again under nbval with other floating-point round-off: one thread and ATen's
+# baseline (non-vectorised) CPU kernels. `.ci/roundoff.py` first shows the setting changes raw sums.
+PERTURB := OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default
+test-perturbed: $(STAMP)
+	$(PY) .ci/roundoff.py --differs-from "$$($(PERTURB) $(PY) .ci/roundoff.py)"
+	$(PERTURB) CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(PY) -m pytest notebooks --nbval --nbval-current-env --nbval-sanitize-with .nbval_sanitize.cfg -p no:cacheprovider $(ARGS)
+
+# ruff over the whole repository (rules in pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# On a GPU: every chapter with its "auto" parameters, then in a T4's budget, recorded in
+# results/<gpu>/book_gpu.json (commit first: a dirty tree is refused).
+book-gpu: $(STAMP)
+	$(PY) -m dispatch_book.build --gpu --out results $(ARGS)
+	$(PY) -m dispatch_book.build --gpu --t4-budget --out results $(ARGS)
+
+# The Jupyter wheels a GPU machine without network needs for book-gpu (see the script).
+gpu-wheels:
+	bash dispatch_book/gpu_wheels.sh .whl
+
 # On a CUDA machine: the compiled kernels against the reference.
 test-gpu: $(STAMP)
 	$(PY) -m pytest tests -m gpu $(ARGS)
 
+# A benchmark suite, e.g. make bench ARGS="kernels --out results" (without --out the file goes to
+# the scratch folder _build/results, never over the recordings the book reads).
 bench: $(STAMP)
 	$(PY) -m dispatch_book.bench $(ARGS)
 

@@ -19,10 +19,10 @@ import torch
 
 from dispatch.parallel.placement import Placement
 
-
-# The 'switchyard' project's published claim (shared/anchors.md): OLMoE-1B-7B on WikiText-2,
-# 2,048 tokens per GPU, capacity applied at inference. CF 1.5 and 1.25 were not published.
-SWITCHYARD_OLMOE_WIKITEXT2 = (
+# Reference points for OLMoE-1B-7B on WikiText-2 with a capacity factor applied at inference
+# (2,048 tokens per forward): fraction of routed pairs dropped and perplexity, for chapter 5's
+# comparison. No values for CF 1.5 and 1.25.
+OLMOE_WIKITEXT2_CAPACITY = (
     {"capacity_factor": None, "dropped": 0.0, "ppl": 12.85},
     {"capacity_factor": 2.0, "dropped": 0.096, "ppl": 20.19},
     {"capacity_factor": 1.0, "dropped": 0.286, "ppl": 92.14},

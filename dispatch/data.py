@@ -23,7 +23,6 @@ import pathlib
 import platform
 import sysconfig
 
-
 import torch
 
 VAL_EVERY = 10  # file i (sorted order) is validation when i % VAL_EVERY == VAL_EVERY - 1

@@ -4,17 +4,24 @@ The model is transformers' ``OlmoeForCausalLM`` (same modules as OLMoE-1B-7B). R
 evaluation live in :mod:`dispatch.routertap` (``RouterTap``, ``evaluate``), which drive either model.
 
     python -m dispatch.train --preset cpu                   # ≤ 5 min on 2 cores → dispatch/assets/cpu
-    python -m dispatch.train --preset study --balance bias  # one run of the balancing study
-    python -m dispatch.train --preset gpu --device cuda     # the book's recorded figures
+    python -m dispatch.train --preset study --balance bias --out DIR   # one run of the balancing study
+    python -m dispatch.train --preset gpu --out DIR         # on a CUDA machine (the device is picked automatically)
+
+A checkpoint folder is written atomically (into a temporary folder beside it, then renamed) and
+carries ``hashes.json`` (SHA-256 of every file), which ``load`` verifies.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.resources
 import json
 import math
+import os
 import pathlib
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -22,10 +29,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from dispatch import balance, data, runtime
+from dispatch import balance, checkpoint, data, runtime
 from dispatch.routertap import RouterTap, evaluate
 
-ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
+# The committed checkpoints: package data, found through importlib.resources (a folder on disk for
+# every install from a checkout, a wheel or git).
+ASSETS = pathlib.Path(str(importlib.resources.files("dispatch") / "assets"))
 BIAS_FILE = "router_bias.safetensors"
 LOG_FILE = "train_log.json"
 
@@ -120,7 +129,8 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
         ce = loss.detach().item()
         L = len(tap.logits_L)
         if cfg.balance == "aux" and cfg.aux_coef:  # mean over layers of each layer's Switch loss
-            loss = loss + cfg.aux_coef * sum(balance.aux_loss(lg, i) for lg, i in zip(tap.logits_L, tap.ids_L)) / L
+            aux = sum(balance.aux_loss(lg, i) for lg, i in zip(tap.logits_L, tap.ids_L, strict=True))
+            loss = loss + cfg.aux_coef * aux / L
         if cfg.z_coef:
             loss = loss + cfg.z_coef * sum(balance.z_loss(lg) for lg in tap.logits_L) / L
         opt.zero_grad(set_to_none=True)
@@ -152,21 +162,48 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
 
 def save(model, bias_LE, log: dict, tokenizer, out_dir: pathlib.Path, manifest: dict) -> pathlib.Path:
     """Checkpoint folder: model.safetensors + config.json (save_pretrained), tokenizer files,
-    ``router_bias.safetensors`` (bias mode), ``train_log.json`` (curves, provenance), manifest.json."""
+    ``router_bias.safetensors`` (bias mode), ``train_log.json`` (curves, provenance), manifest.json,
+    and ``hashes.json``. Written into a temporary folder beside ``out_dir``, then renamed over it: an
+    existing checkpoint is replaced whole or not at all."""
     from safetensors.torch import save_file
     from transformers import PreTrainedTokenizerFast
 
     out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dtype = runtime.dtype(log["config"]["save_dtype"])
-    model.to("cpu", dtype).save_pretrained(out_dir)
-    model.float()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=data.SPECIAL).save_pretrained(out_dir)
-    if bias_LE is not None:
-        save_file({"bias_LE": bias_LE.contiguous()}, str(out_dir / BIAS_FILE))
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=0) + "\n")
-    (out_dir / LOG_FILE).write_text(json.dumps(log, indent=1) + "\n")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    try:
+        dtype = runtime.dtype(log["config"]["save_dtype"])
+        model.to("cpu", dtype).save_pretrained(tmp)
+        model.float()
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=data.SPECIAL).save_pretrained(tmp)
+        if bias_LE is not None:
+            save_file({"bias_LE": bias_LE.contiguous()}, str(tmp / BIAS_FILE))
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=0) + "\n")
+        (tmp / LOG_FILE).write_text(json.dumps(log, indent=1) + "\n")
+        checkpoint.write_hashes(tmp)
+        checkpoint.swap(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out_dir
+
+
+def _resolve(source) -> tuple[str, bool]:
+    """``(what to load, is it a local folder)``; FileNotFoundError at once for a local path that does
+    not exist (a hub id is exactly ``owner/name``; paths and Path objects are never sent to the hub)."""
+    if isinstance(source, str) and (ASSETS / source).is_dir():
+        return str(ASSETS / source), True
+    if isinstance(source, str) and source in PRESETS:
+        raise FileNotFoundError(f"preset {source!r} has no committed checkpoint; train one with "
+                                f"`python -m dispatch.train --preset {source} --out DIR` and load DIR")
+    path = pathlib.Path(source).expanduser()
+    if path.is_dir():
+        return str(path), True
+    text = str(source)
+    hub_like = not isinstance(source, os.PathLike) and text.count("/") == 1 and not text.startswith((".", "~", "/"))
+    if not hub_like:
+        raise FileNotFoundError(f"no checkpoint folder at {path} (a local path; hub ids look like owner/name)")
+    return text, False
 
 
 @dataclass(frozen=True)
@@ -181,14 +218,16 @@ def load(source: str | pathlib.Path, device: str = "auto", dtype: str = "auto") 
     """One loader for our checkpoints and hub models (``allenai/OLMoE-1B-7B-0924``).
 
     ``source``: a preset name with a committed checkpoint ("cpu" → dispatch/assets/cpu), a
-    checkpoint folder, or a hub id. The model then runs with transformers' own modules.
+    checkpoint folder (verified against its ``hashes.json``), or a hub id. The model then runs with
+    transformers' own modules.
 
     fp32 on CPU; on a GPU the runtime's dtype (bf16 on sm_80+, fp16 on a T4).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if (ASSETS / str(source)).is_dir():
-        source = ASSETS / str(source)
+    source, local = _resolve(source)
+    if local and (pathlib.Path(source) / checkpoint.HASH_FILE).exists():
+        checkpoint.verify(pathlib.Path(source))
     dev = runtime.device(device)
     dt = torch.float32 if dev.type == "cpu" and dtype == "auto" else runtime.dtype(dtype, dev)
     kw = {"device_map": str(dev)} if dev.type == "cuda" else {}
@@ -197,8 +236,8 @@ def load(source: str | pathlib.Path, device: str = "auto", dtype: str = "auto") 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no loading bars in the book's cells
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dt, **kw).to(dev).eval()
-        tok = AutoTokenizer.from_pretrained(str(source))
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dt, local_files_only=local, **kw).to(dev).eval()
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=local)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
@@ -223,51 +262,14 @@ def run(cfg: TrainConfig, out_dir: pathlib.Path, *, command: str, progress: bool
     imb, cv = _imbalance(final["counts_LE"])
     info = runtime.describe()
     log.update({"command": command, "python": info["python"], "versions": info,
-                "manifest_hash": man["hash"], "unigram_ppl": round(data.unigram_perplexity(train_ids, val_ids, cfg.vocab_size), 3),
+                "manifest_hash": man["hash"],
+                "unigram_ppl": round(data.unigram_perplexity(train_ids, val_ids, cfg.vocab_size), 3),
                 "final": {"val_ppl": round(final["ppl"], 3), "val_tokens": final["tokens"],
                           "imbalance": round(imb, 4), "cv": round(cv, 4)},
                 "params": sum(p.numel() for p in model.parameters()),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     save(model, bias_LE, log, tok, out_dir, man)
     return log
-
-
-STUDY = {  # label → overrides of the "study" preset (chapter 5, study c)
-    "none": {"balance": "none"},
-    "aux 0.01": {"balance": "aux", "aux_coef": 0.01},
-    "aux 0.1": {"balance": "aux", "aux_coef": 0.1},
-    "bias (loss-free)": {"balance": "bias"},
-}
-STUDY_RESULTS = ASSETS.parent.parent / "results" / "cpu-train" / "balance_study.json"
-
-
-def collect_study(logs: dict[str, dict], path: pathlib.Path = STUDY_RESULTS) -> pathlib.Path:
-    """Write the balancing study (label → training log) as one results file (bench format)."""
-    from dispatch_book import bench
-
-    first = next(iter(logs.values()))
-    doc = {"benchmark": "balance_study", "gpu": "cpu", "gpu_count": 0,
-           "versions": {k: first["versions"].get(k) for k in ("python", "torch", "triton", "transformers")},
-           "git_commit": bench.git_commit(), "date": max(l["date"] for l in logs.values()),
-           "command": " ; ".join(l["command"] for l in logs.values()), "manifest_hash": first["manifest_hash"],
-           "rows": [{"label": k, "config": l["config"], "final": l["final"], "curves": l["curves"],
-                     "train_seconds": l["train_seconds"]} for k, l in logs.items()]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
-
-
-def run_study(threads: int | None = None) -> pathlib.Path:
-    """The four runs of study c (none / aux 0.01 / aux 0.1 / bias), ~1–2 min each on 2 cores."""
-    import tempfile
-
-    logs = {}
-    for label, over in STUDY.items():
-        cfg = dataclasses.replace(PRESETS["study"], **over, **({"threads": threads} if threads else {}))
-        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in over.items())
-        with tempfile.TemporaryDirectory() as d:
-            logs[label] = run(cfg, pathlib.Path(d), command=f"python -m dispatch.train --preset study {flags}")
-    return collect_study(logs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -280,12 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--threads", type=int, help="torch threads (1 is faster on a busy 2-core machine)")
-    p.add_argument("--out", type=pathlib.Path, help="checkpoint folder (default dispatch/assets/<preset>)")
-    p.add_argument("--study", action="store_true", help=f"run the four balancing runs → {STUDY_RESULTS.name}")
+    p.add_argument("--out", type=pathlib.Path, help="checkpoint folder (default: the package's assets/<preset>)")
     a = p.parse_args(argv)
-    if a.study:
-        print(run_study(a.threads))
-        return
     over = {k: v for k, v in {"balance": a.balance, "aux_coef": a.aux_coef, "z_coef": a.z_coef,
                               "bias_rate": a.bias_rate, "steps": a.steps, "seed": a.seed,
                               "threads": a.threads}.items() if v is not None}

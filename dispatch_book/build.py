@@ -1,54 +1,65 @@
 """The notebook-to-book pipeline: ``python -m dispatch_book.build`` (what ``make book`` runs).
 
     python -m dispatch_book.build                 execute every chapter in _toc.yml, then build the book
-    python -m dispatch_book.build -p preset X     ... overriding a parameter (only where a chapter has it)
-    python -m dispatch_book.build run NB [-p k v] execute one notebook in place (to refresh its outputs)
+    python -m dispatch_book.build -p preset X     ... overriding a parameter (in the chapters that have it)
+    python -m dispatch_book.build run NB [-p k v] refresh one notebook's committed outputs
     python -m dispatch_book.build sync            rewrite every chapter's header cells from pyproject.toml
+    python -m dispatch_book.build --gpu [--t4-budget] [--out DIR]
+                                                  every chapter on this GPU with its "auto" parameters,
+                                                  timed → DIR/<gpu>/book_gpu.json (make book-gpu)
+    python -m dispatch_book.build gpu NB [NB ...] [--t4-budget] [--out DIR]   ... only these chapters
 
-Chapters are executed with papermill into a staging copy of the book (``_build/src``), so a run on
-a GPU, or with other parameters, never dirties the committed notebooks; jupyter-book then builds
-``_build/html`` from the staging copy with warnings as errors. A failing cell stops the run and
-names the notebook and the cell. ``--inplace`` executes the committed notebooks themselves (how
-their committed outputs are refreshed).
+The builder works on a checkout of the repository: the one around the current directory, or
+``--root DIR``. Chapters are executed with papermill into a staging copy of the book
+(``_build/src``), so a run on a GPU, or with other parameters, never dirties the committed
+notebooks; jupyter-book then builds ``_build/html`` from the staging copy with warnings as errors.
+``run`` executes into ``_build/run`` and replaces the committed notebook only when every cell
+succeeded. A ``-p`` name no chapter declares (with ``run``: that the notebook does not declare)
+is an error naming the declared ones. A failing cell stops the run and names the notebook and cell.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
-import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-BUILD = ROOT / "_build"
+from dispatch_book import execute, headers
 
-
-def _pyproject() -> dict:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+_root: pathlib.Path | None = None
 
 
-def repo_url() -> str:
-    """The repository's public address: ``[project.urls] Repository`` in pyproject.toml, nowhere else."""
-    return _pyproject()["project"]["urls"]["Repository"].rstrip("/")
+def find_root(start: pathlib.Path | None = None) -> pathlib.Path:
+    """The checkout around ``start`` (default: the current directory): the folder with _toc.yml."""
+    here = pathlib.Path(start or pathlib.Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "_toc.yml").is_file() and (d / "pyproject.toml").is_file():
+            return d
+    raise SystemExit(f"no checkout of the book around {here} (no _toc.yml): run from the repository or pass --root")
 
 
-def pinned_ref() -> str:
-    """The git ref Colab installs from: the release tag of this version."""
-    return "v" + _pyproject()["project"]["version"]
+def root() -> pathlib.Path:
+    global _root
+    if _root is None:
+        _root = find_root()
+    return _root
+
+
+def set_root(path: pathlib.Path | str) -> pathlib.Path:
+    global _root
+    _root = find_root(pathlib.Path(path))
+    return _root
+
+
+def build_dir() -> pathlib.Path:
+    return root() / "_build"
 
 
 def chapters() -> list[pathlib.Path]:
     """Notebooks in _toc.yml order."""
     import yaml
 
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files: list[str] = []
 
     def walk(node):
@@ -61,105 +72,63 @@ def chapters() -> list[pathlib.Path]:
             for v in node:
                 walk(v)
 
-    walk(toc)
-    return [ROOT / f"{f}.ipynb" for f in files if (ROOT / f"{f}.ipynb").exists()]
+    walk(yaml.safe_load((root() / "_toc.yml").read_text()))
+    return [root() / f"{f}.ipynb" for f in files if (root() / f"{f}.ipynb").exists()]
 
 
-# ---- the two header cells every chapter starts with -------------------------------------------
+# The header cells, for this checkout.
+def repo_url() -> str:
+    return headers.repo_url(root())
+
+
 def badge_source(nb_path: pathlib.Path, title: str) -> str:
-    slug = repo_url().removeprefix("https://github.com/")
-    rel = nb_path.resolve().relative_to(ROOT).as_posix()
-    link = f"https://colab.research.google.com/github/{slug}/blob/main/{rel}"
-    return (f"# {title}\n\n[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({link})")
+    return headers.badge_source(root(), nb_path, title)
 
 
 def install_source() -> str:
-    spec = f"dispatch[book] @ git+{repo_url()}@{pinned_ref()}"
-    return ("# Colab only: install the package at its pinned release (elsewhere `make book` did it).\n"
-            "import sys\n"
-            "if \"google.colab\" in sys.modules:\n"
-            f"    !pip install -q \"{spec}\" \"transformers>=5.17,<6\" \"triton>=3.6\"")
+    return headers.install_source(root())
 
 
 def sync(paths=None) -> list[pathlib.Path]:
-    """Rewrite the title/badge cell and the Colab install cell of each notebook; returns the changed."""
-    import nbformat
-
-    changed = []
-    cfg_path = ROOT / "_config.yml"
-    cfg = cfg_path.read_text()
-    new_cfg = re.sub(r"(?m)^(repository:\n  url: ).*$", lambda m: m.group(1) + repo_url(), cfg)
-    if new_cfg != cfg:
-        cfg_path.write_text(new_cfg)
-        changed.append(cfg_path)
-    for p in paths or sorted((ROOT / "notebooks").glob("*.ipynb")):
-        nb = nbformat.read(p, as_version=4)
-        before = copy.deepcopy(nb)
-        first = nb.cells[0] if nb.cells else None
-        m = re.match(r"#\s+(.+)", first.source) if first is not None and first.cell_type == "markdown" else None
-        if m is None:
-            raise ValueError(f"{p.name}: the first cell must be a markdown cell starting with '# Title'")
-        title = m.group(1).strip()
-        rest = [ln for ln in first.source.splitlines()[1:] if not ln.startswith("[![Open In Colab]")]
-        body = "\n".join(rest).strip()
-        first.source = badge_source(p, title) + ("\n\n" + body if body else "")
-        if len(nb.cells) < 2 or nb.cells[1].cell_type != "code" or "colab" not in nb.cells[1].source.lower():
-            raise ValueError(f"{p.name}: the second cell must be the Colab install cell (a code cell with 'colab')")
-        nb.cells[1].source = install_source()
-        nb.cells[1].metadata.setdefault("tags", [])
-        nb.metadata["accelerator"] = "GPU"
-        nb.metadata.setdefault("colab", {})["gpuType"] = "T4"
-        nb.metadata.setdefault("colab", {})["provenance"] = []
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        if nb != before:
-            nbformat.write(nb, p)
-            changed.append(p)
-    return changed
+    return headers.sync(root(), paths)
 
 
-# ---- execution -----------------------------------------------------------------------------
-def _params_for(nb_path: pathlib.Path, overrides: dict) -> dict:
-    """Only the overrides this notebook declares in its parameters cell."""
-    import papermill
-
-    declared = papermill.inspect_notebook(str(nb_path))
-    return {k: v for k, v in overrides.items() if k in declared}
-
-
-def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | None = None) -> float:
-    """Execute one notebook with papermill (cwd = notebooks/); raises SystemExit naming the cell."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
-    params = _params_for(nb_path, overrides or {})
-    t0 = time.time()
-    try:
-        papermill.execute_notebook(str(nb_path), str(out_path), parameters=params, kernel_name="python3",
-                                   cwd=str(nb_path.parent), progress_bar=False)
-    except PapermillExecutionError as e:
-        raise SystemExit(f"\n{_rel(nb_path)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
-                         f"(executed copy with the traceback: {out_path})") from None
-    _relative_paths(out_path)
-    return time.time() - t0
+def stage() -> pathlib.Path:
+    """Copy the book's sources into _build/src (notebooks are executed into it)."""
+    src = build_dir() / "src"
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    for name in ("_config.yml", "_toc.yml", "README.md"):
+        shutil.copy(root() / name, src / name)
+    shutil.copytree(root() / "book", src / "book")
+    (src / "notebooks").mkdir()
+    return src
 
 
-def _rel(p: pathlib.Path) -> str:
-    """``p`` relative to the repository when it is inside it (for messages)."""
-    p = pathlib.Path(p).resolve()
-    return p.relative_to(ROOT).as_posix() if ROOT in p.parents else str(p)
+def build_book(src: pathlib.Path) -> pathlib.Path:
+    # jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point with this Python.
+    cmd = [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())", "build",
+           str(src), "--path-output", str(build_dir() / "book"), "-W", "--keep-going", "--all"]
+    res = subprocess.run(cmd)
+    if res.returncode != 0:
+        raise SystemExit(f"jupyter-book build failed (exit {res.returncode}); command: {' '.join(cmd)}")
+    html = build_dir() / "html"
+    if html.exists():
+        shutil.rmtree(html)
+    shutil.copytree(build_dir() / "book" / "_build" / "html", html)
+    return html / "index.html"
 
 
-def _relative_paths(nb_path: pathlib.Path) -> None:
-    """papermill records absolute input/output paths: keep committed notebooks machine-independent."""
-    import nbformat
-
-    nb = nbformat.read(nb_path, as_version=4)
-    pm = nb.metadata.get("papermill", {})
-    for key in ("input_path", "output_path"):
-        if pm.get(key):
-            p = pathlib.Path(pm[key])
-            pm[key] = p.relative_to(ROOT).as_posix() if p.is_absolute() and ROOT in p.parents else p.name
-    nbformat.write(nb, nb_path)
+def check_overrides(nbs: list[pathlib.Path], overrides: dict) -> None:
+    """A book-wide ``-p`` name must be declared by at least one chapter."""
+    known = {}
+    for nb in nbs:
+        known.update(execute.declared(nb))
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise SystemExit(f"no chapter has a parameter {', '.join(map(repr, unknown))}; "
+                         f"the chapters' parameters are: {', '.join(sorted(known))}")
 
 
 def _parse_value(v: str):
@@ -168,70 +137,69 @@ def _parse_value(v: str):
     return yaml.safe_load(v)
 
 
-def stage() -> pathlib.Path:
-    """Copy the book's sources into _build/src (notebooks are executed into it)."""
-    src = BUILD / "src"
-    if src.exists():
-        shutil.rmtree(src)
-    src.mkdir(parents=True)
-    for name in ("_config.yml", "_toc.yml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "book", src / "book")
-    (src / "notebooks").mkdir()
-    return src
-
-
-def build_book(src: pathlib.Path) -> pathlib.Path:
-    # jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point with this Python.
-    cmd = [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())", "build", str(src), "--path-output", str(BUILD / "book"),
-           "-W", "--keep-going", "--all"]
-    res = subprocess.run(cmd)
-    if res.returncode != 0:
-        raise SystemExit(f"jupyter-book build failed (exit {res.returncode}); command: {' '.join(cmd)}")
-    html = BUILD / "html"
-    if html.exists():
-        shutil.rmtree(html)
-    shutil.copytree(BUILD / "book" / "_build" / "html", html)
-    return html / "index.html"
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.build", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", nargs="?", default="all", choices=["all", "run", "sync", "build", "gpu"])
+    ap.add_argument("notebooks", nargs="*", help="with 'run': the notebooks to execute; with --gpu: only these")
+    ap.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="override a parameter (YAML value): in every chapter that declares it")
+    ap.add_argument("--root", help="the repository checkout (default: the one around the current directory)")
+    ap.add_argument("--no-build", action="store_true", help="execute only; skip jupyter-book")
+    ap.add_argument("--gpu", action="store_true", help="execute every chapter on this GPU; record book_gpu.json")
+    ap.add_argument("--t4-budget", action="store_true", help="with --gpu: fp16, 15 GB, 64 KiB shared memory")
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help="with --gpu: results root (default _build/results; `--out results` records for the book)")
+    ap.add_argument("--allow-dirty", action="store_true", help="with --gpu: record a run of uncommitted code")
+    return ap
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m dispatch_book.build", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", nargs="?", default="all", choices=["all", "run", "sync", "build"])
-    ap.add_argument("notebooks", nargs="*", help="with 'run': the notebooks to execute in place")
-    ap.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                    help="override a parameter in every chapter that declares it (YAML value)")
-    ap.add_argument("--inplace", action="store_true", help="execute the committed notebooks in place")
-    ap.add_argument("--no-build", action="store_true", help="execute only; skip jupyter-book")
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
+    if args.root:
+        set_root(args.root)
     overrides = {k: _parse_value(v) for k, v in args.param}
 
     if args.command == "sync":
         for p in sync():
-            print("synced", p.relative_to(ROOT))
+            print("synced", p.relative_to(root()))
         return
     if args.command == "run":
+        if not args.notebooks:
+            raise SystemExit("run: name the notebooks to execute")
         for nb in args.notebooks:
             p = pathlib.Path(nb).resolve()
-            print(f"executing {_rel(p)} in place ...", flush=True)
-            print(f"  done in {execute(p, p, overrides):.0f} s")
+            print(f"executing {execute._rel(p, root())} ...", flush=True)
+            try:
+                secs = execute.run_in_place(p, overrides, build_dir() / "run", root())
+            except ValueError as e:
+                raise SystemExit(str(e)) from None
+            print(f"  done in {secs:.0f} s; outputs refreshed")
+        return
+    if args.gpu or args.command == "gpu":
+        from dispatch_book import gpu_book
+
+        if overrides:
+            raise SystemExit("--gpu runs the chapters with their \"auto\" parameters: no -p")
+        chosen = [pathlib.Path(n).resolve() for n in args.notebooks] or chapters()
+        path = gpu_book.run(chosen, build_dir(), t4_budget=args.t4_budget, out=args.out,
+                            allow_dirty=args.allow_dirty)
+        print(f"wrote {path}")
         return
 
     from tqdm import tqdm
 
+    nbs = chapters()
+    if args.command == "all":
+        check_overrides(nbs, overrides)  # before anything is written
     sync()
     src = stage()
-    nbs = chapters()
     if args.command == "all":
         bar = tqdm(nbs, desc="chapters", unit="nb", file=sys.stdout)
         for nb in bar:
             bar.set_postfix_str(nb.name)
-            out = nb if args.inplace else src / "notebooks" / nb.name
-            secs = execute(nb, out, overrides)
-            tqdm.write(f"  {_rel(nb)}: {secs:.0f} s")
-            if args.inplace:
-                shutil.copy(nb, src / "notebooks" / nb.name)
+            secs = execute.execute(nb, src / "notebooks" / nb.name, overrides, strict=False, root=root())
+            tqdm.write(f"  {execute._rel(nb, root())}: {secs:.0f} s")
     else:  # build from the committed outputs
         for nb in nbs:
             shutil.copy(nb, src / "notebooks" / nb.name)

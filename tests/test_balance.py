@@ -175,7 +175,7 @@ def test_greedy_without_spare_slots_partitions():
 @pytest.mark.parametrize("R", [2, 4, 8])
 def test_greedy_placement_invariants_random(R):
     rng = random.Random(R)
-    for trial in range(30):
+    for _ in range(30):
         E = R * rng.choice([1, 2, 4])
         load = [rng.choice([0, 0, 1, 5, 50]) * rng.random() for _ in range(E)]
         for S in (E // R, E // R + 1, E // R + 3):

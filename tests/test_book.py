@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from dispatch_book import build as book
+from dispatch_book import execute, gpu_book, headers
 
-ROOT = book.ROOT
+ROOT = book.set_root(pathlib.Path(__file__).resolve().parents[1])
 NOTEBOOKS = book.chapters()
 
 
@@ -57,7 +58,7 @@ def test_chapter_structure(nb):
 
 
 def test_conda_environment_matches_pyproject():
-    deps = book._pyproject()["project"]
+    deps = headers.pyproject(ROOT)["project"]
     wanted = set(deps["dependencies"]) | set(deps["optional-dependencies"]["book"]) | set(
         deps["optional-dependencies"]["dev"])
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
@@ -76,13 +77,15 @@ def _tiny_notebook(path, cells):
     nbformat.write(nb, path)
 
 
-def test_pipeline_injects_only_declared_parameters(tmp_path):
+def test_pipeline_injects_declared_parameters_and_refuses_unknown_ones(tmp_path):
     import nbformat
 
     nb = tmp_path / "ok.ipynb"
     _tiny_notebook(nb, ["print(x + y)"])
-    assert book._params_for(nb, {"x": 40, "preset": "olmoe-1b-7b"}) == {"x": 40}
-    book.execute(nb, nb, {"x": 40, "preset": "olmoe-1b-7b"})
+    assert execute.params_for(nb, {"x": 40, "preset": "olmoe-1b-7b"}, strict=False) == {"x": 40}
+    with pytest.raises(ValueError, match=r"no parameter 'preset'; its parameters are: x, y"):
+        execute.params_for(nb, {"x": 40, "preset": "olmoe-1b-7b"}, strict=True)
+    execute.execute(nb, nb, {"x": 40})
     out = nbformat.read(nb, as_version=4).cells[-1].outputs[0]["text"]
     assert out.strip() == "42"
 
@@ -91,6 +94,81 @@ def test_a_failing_cell_names_the_notebook_and_the_cell(tmp_path):
     nb = tmp_path / "broken.ipynb"
     _tiny_notebook(nb, ["print('fine')", "raise RuntimeError('the kernel exploded')"])
     with pytest.raises(SystemExit) as err:
-        book.execute(nb, tmp_path / "out.ipynb")
+        execute.execute(nb, tmp_path / "out.ipynb")
     msg = str(err.value)
     assert "broken.ipynb" in msg and "cell 3" in msg and "the kernel exploded" in msg
+
+
+@pytest.mark.parametrize("cells, params, error", [
+    (["print('fine')", "raise RuntimeError('boom')"], {}, SystemExit),  # a failing cell
+    (["assert isinstance(x, int), 'x must be an int'"], {"x": "not a number"}, SystemExit),  # a bad value
+    (["print(x)"], {"z": 1}, ValueError),  # an unknown name: refused before running
+])
+def test_run_replaces_the_committed_notebook_only_after_a_whole_success(tmp_path, cells, params, error):
+    nb = tmp_path / "nb.ipynb"
+    _tiny_notebook(nb, cells)
+    before = nb.read_bytes()
+    with pytest.raises(error):
+        execute.run_in_place(nb, params, tmp_path / "scratch")
+    assert nb.read_bytes() == before
+
+
+def test_run_refreshes_outputs_on_success(tmp_path):
+    import nbformat
+
+    nb = tmp_path / "nb.ipynb"
+    _tiny_notebook(nb, ["print(x * 10)"])
+    execute.run_in_place(nb, {"x": 7}, tmp_path / "scratch")
+    done = nbformat.read(nb, as_version=4)
+    assert done.cells[-1].outputs[0]["text"].strip() == "70"
+    assert done.metadata["papermill"]["input_path"] == "nb.ipynb" == done.metadata["papermill"]["output_path"]
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".ipynb"] == ["nb.ipynb"]
+
+
+def test_cli_rejects_unknown_book_wide_parameters():
+    with pytest.raises(SystemExit, match="no chapter has a parameter 'presett'"):
+        book.check_overrides(NOTEBOOKS, {"presett": "tiny"})
+    book.check_overrides(NOTEBOOKS, {"preset": "tiny", "seed": 1})
+
+
+def test_colab_cell_never_reinstalls_what_colab_has():
+    src = book.install_source()
+    assert 'if "google.colab" in sys.modules:' in src and "--no-deps" in src
+    installs = [ln for ln in src.splitlines() if "pip install" in ln]
+    assert all(ln.startswith("    !pip") for ln in installs), "every install line runs only on Colab"
+    for name in ("torch", "triton", "numpy", "matplotlib", "jupyter-book", "papermill", "[book]"):
+        assert not re.search(rf'"{re.escape(name)}[<>=\[ "]', src) and f"dispatch{name}" not in src, name
+    assert '"transformers>=5.17,<6"' in src
+
+
+def test_gpu_run_records_rows_per_chapter_with_peak_memory_and_errors(tmp_path, monkeypatch):
+    """``build --gpu`` on tiny notebooks (the injected cells also run on a CPU-only kernel)."""
+    import json
+
+    monkeypatch.setenv("DISPATCH_GIT_COMMIT", "0123456789abcdef0123456789abcdef01234567")
+    good, bad = tmp_path / "a_good.ipynb", tmp_path / "b_bad.ipynb"
+    _tiny_notebook(good, ["import os\nprint(os.environ.get('DISPATCH_MAX_SHARED_BYTES'))"])
+    _tiny_notebook(bad, ["raise RuntimeError('out of memory, say')"])
+    for t4 in (False, True):
+        path = gpu_book.run([good, bad], tmp_path / "_build", t4_budget=t4, out=tmp_path / "res", require_cuda=False)
+    doc = json.loads(path.read_text())
+    rows = {(r["chapter"], r["budget"]): r for r in doc["rows"]}
+    assert set(rows) == {("a_good", "full"), ("b_bad", "full"), ("a_good", "t4"), ("b_bad", "t4")}
+    assert rows["a_good", "full"]["ok"] and rows["a_good", "full"]["error"] is None
+    assert rows["a_good", "full"]["peak_gpu_bytes"] is None  # no CUDA in this kernel; a number on a GPU
+    assert not rows["b_bad", "t4"]["ok"] and "out of memory, say" in rows["b_bad", "t4"]["error"]
+    assert rows["b_bad", "t4"]["seconds"] >= 0
+    executed = (tmp_path / "_build" / "gpu" / "t4" / "a_good.ipynb").read_text()
+    assert "65536" in executed and "set_per_process_memory_fraction" in executed
+    assert "set_per_process_memory_fraction" not in (tmp_path / "_build" / "gpu" / "full" / "a_good.ipynb").read_text()
+    assert good.read_text().count("injected") == 0, "the chapters themselves are never changed"
+    gpu_book.run([good], tmp_path / "_build", out=tmp_path / "res", require_cuda=False)  # one chapter again
+    again = json.loads(path.read_text())["rows"]
+    assert len(again) == 4 and sum(r["chapter"] == "a_good" and r["budget"] == "full" for r in again) == 1
+
+
+def test_build_finds_the_checkout_from_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT / "notebooks")
+    assert book.find_root() == ROOT
+    with pytest.raises(SystemExit, match="no checkout"):
+        book.find_root(tmp_path)

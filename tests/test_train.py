@@ -131,3 +131,101 @@ def test_config_validation():
         dataclasses.replace(MICRO, balance="magic")
     with pytest.raises(ValueError, match="top_k"):
         dataclasses.replace(MICRO, top_k=9)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    """A micro checkpoint saved through train.save (no training: a fresh model)."""
+    from tokenizers import Tokenizer, models
+
+    cfg = dataclasses.replace(MICRO, threads=1)
+    m = train.build_model(cfg)
+    out = tmp_path_factory.mktemp("ck") / "ck"
+    log = {"config": dataclasses.asdict(cfg), "curves": {}}
+    train.save(m, None, log, Tokenizer(models.BPE()), out, {"hash": "x", "files": []})
+    return out
+
+
+def test_save_records_hashes_and_replaces_a_checkpoint_whole(checkpoint_dir, tmp_path):
+    import json
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    from dispatch import checkpoint
+
+    hashes = json.loads((checkpoint_dir / checkpoint.HASH_FILE).read_text())["sha256"]
+    assert {"model.safetensors", "config.json", "train_log.json", "manifest.json"} <= set(hashes)
+    dest = tmp_path / "ck"
+    shutil.copytree(checkpoint_dir, dest)
+    (dest / "stale.txt").write_text("from an older run")
+    before = sorted(p.name for p in dest.iterdir())
+
+    import pathlib
+
+    class Exploding(torch.nn.Module):  # fails halfway through writing
+        def to(self, *a, **k):
+            return self
+
+        def save_pretrained(self, d):
+            (pathlib.Path(d) / "model.safetensors").write_bytes(b"half")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        train.save(Exploding(), None, {"config": dataclasses.asdict(MICRO)}, Tokenizer(models.BPE()), dest, {})
+    assert sorted(p.name for p in dest.iterdir()) == before, "a failed save leaves the old checkpoint as it was"
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"], "no temporary folder left behind"
+    checkpoint.verify(dest)
+    m = train.build_model(MICRO)
+    train.save(m, None, {"config": dataclasses.asdict(MICRO)}, Tokenizer(models.BPE()), dest, {})
+    assert not (dest / "stale.txt").exists(), "a new save replaces the folder whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_load_refuses_flipped_bytes(checkpoint_dir, tmp_path):
+    import shutil
+
+    dest = tmp_path / "ck"
+    shutil.copytree(checkpoint_dir, dest)
+    train.load(dest, device="cpu")  # intact: loads
+    raw = bytearray((dest / "model.safetensors").read_bytes())
+    raw[-5] ^= 0xFF
+    (dest / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="model.safetensors does not match"):
+        train.load(dest, device="cpu")
+
+
+def test_committed_checkpoint_verifies():
+    from dispatch import checkpoint
+
+    checkpoint.verify(train.ASSETS / "cpu")
+
+
+@pytest.mark.parametrize("source", ["/no/such/checkpoint", "./runs/missing", "a/b/c", "~/nothing-here"])
+def test_load_of_a_missing_local_path_fails_at_once(source, monkeypatch):
+    import pathlib
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    t0 = time.time()
+    with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
+        train.load(source, device="cpu")
+    with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
+        train.load(pathlib.Path("runs") / "x", device="cpu")
+    assert time.time() - t0 < 5
+
+
+def test_load_of_a_preset_without_checkpoint_says_how_to_train_it():
+    with pytest.raises(FileNotFoundError, match="--preset gpu"):
+        train.load("gpu", device="cpu")
+
+
+def test_cli_documents_only_flags_that_exist():
+    import re
+
+    flags = set(re.findall(r"(--[a-z][a-z-]*)", train.__doc__))
+    parser_flags = {"--preset", "--balance", "--aux-coef", "--z-coef", "--bias-rate", "--steps", "--seed",
+                    "--threads", "--out"}
+    assert flags <= parser_flags, flags - parser_flags
+    with pytest.raises(SystemExit):
+        train.main(["--device", "cuda"])

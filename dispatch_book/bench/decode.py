@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += measure(name, tokens, dev, dtype, configs)
     import pathlib
     path = bench.save("decode", rows, extra={"hbm_bps": H200_HBM_BPS, "dtype": str(dtype), "tuned": tuned},
-                      out_dir=pathlib.Path(a.out) if a.out else None)
+                      out=a.out)
     print(f"wrote {path}")
     if tuned:
         print("tuned:", json.dumps(tuned))

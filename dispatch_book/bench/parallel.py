@@ -170,7 +170,7 @@ def save_rows(args, rows, R, dtype):
         argv.append(a)
     cmd = " ".join([f"torchrun --nproc_per_node {R} -m dispatch_book.bench.parallel"] + argv)
     extra = {"preset": args.preset, "world_size": R, "dtype": str(dtype).replace("torch.", "")}
-    return save("expert_parallel", rows, out_dir=pathlib.Path(args.out_dir) if args.out_dir else None, command=cmd,
+    return save("expert_parallel", rows, out=args.out_dir, command=cmd,
                 extra=extra)
 
 

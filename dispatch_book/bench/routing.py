@@ -1,24 +1,24 @@
 """Benchmark of chapter 1: the routing kernel and the token sort against their PyTorch twins.
 
-    python -m dispatch_book.bench.routing [--shapes olmoe-1b-7b,...] [--tokens 1,16,...] [--block-m 64]
+    python -m dispatch_book.bench routing [--out DIR] [--shapes olmoe-1b-7b,...] [--tokens 1,16,...] [--block-m 64]
 
 For each layer shape (E experts, top-K, its routing family) and token count T, times
 ``route`` vs ``route_torch`` (the reference router), ``sort_by_expert`` vs ``sort_by_expert_torch``,
 and the two chained (``route+sort``). Ours is checked against the twin before it is timed.
-Rows go to ``results/<gpu>/routing_sort.json`` via ``dispatch_book.bench.save``.
+Rows go to ``<out>/<gpu>/routing_sort.json`` via ``dispatch_book.bench.save`` (``--out results``
+records them for the book).
 """
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import torch
 
 from dispatch import runtime
-from dispatch_book import bench
 from dispatch.config import PRESETS
 from dispatch.kernels.routing import route, route_torch
 from dispatch.kernels.sort import sort_by_expert, sort_by_expert_torch
+from dispatch_book import bench
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3")  # E = 64, 128, 256; K = 8
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
@@ -52,6 +52,18 @@ def _check(cfg, logits, bias, block_m):
     return ids
 
 
+def _contestants(cfg, logits, bias, ids, block_m) -> dict:
+    """(op, impl) → a call to time."""
+    return {
+        ("route", "ours"): lambda: route(logits, cfg, bias),
+        ("route", "torch"): lambda: route_torch(logits, cfg, bias),
+        ("sort", "ours"): lambda: sort_by_expert(ids, cfg.E, block_m),
+        ("sort", "torch"): lambda: sort_by_expert_torch(ids, cfg.E, block_m),
+        ("route+sort", "ours"): lambda: sort_by_expert(route(logits, cfg, bias)[1], cfg.E, block_m),
+        ("route+sort", "torch"): lambda: sort_by_expert_torch(route_torch(logits, cfg, bias)[1], cfg.E, block_m),
+    }
+
+
 def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 64) -> list[dict]:
     """Rows of {shape, E, K, T, op, impl, median_ms, min_ms, max_ms, samples} for every case."""
     dev = runtime.device(device)
@@ -62,15 +74,7 @@ def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 
         for T in tokens:
             logits, bias = _case(cfg, T, dev)
             ids = _check(cfg, logits, bias, block_m)
-            fns = {
-                ("route", "ours"): lambda: route(logits, cfg, bias),
-                ("route", "torch"): lambda: route_torch(logits, cfg, bias),
-                ("sort", "ours"): lambda: sort_by_expert(ids, cfg.E, block_m),
-                ("sort", "torch"): lambda: sort_by_expert_torch(ids, cfg.E, block_m),
-                ("route+sort", "ours"): lambda: sort_by_expert(route(logits, cfg, bias)[1], cfg.E, block_m),
-                ("route+sort", "torch"): lambda: sort_by_expert_torch(route_torch(logits, cfg, bias)[1], cfg.E,
-                                                                      block_m),
-            }
+            fns = _contestants(cfg, logits, bias, ids, block_m)
             for (op, impl), fn in fns.items():
                 t = bench.time_ms(fn) if dev.type == "cuda" else bench.time_ms(fn, warmup=1, rep=3)
                 rows.append({"shape": name, "E": cfg.E, "K": cfg.K, "T": T, "op": op, "impl": impl,
@@ -84,11 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", default=None, help="comma-separated token counts")
     ap.add_argument("--block-m", type=int, default=64)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--out-dir", default=None, help="instead of results/ (e.g. for a CPU smoke run)")
+    bench.add_output_args(ap)
     args = ap.parse_args(argv)
+    bench.results.checked_commit(args.allow_dirty)  # refuse before measuring, not after
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
     rows = measure(args.device, shapes=args.shapes.split(","), tokens=tokens, block_m=args.block_m)
-    path = bench.save("routing_sort", rows, out_dir=pathlib.Path(args.out_dir) if args.out_dir else None)
+    path = bench.save("routing_sort", rows, out=args.out, allow_dirty=args.allow_dirty)
     by = {(r["shape"], r["T"], r["op"], r["impl"]): r["median_ms"] for r in rows}
     ops = ("route", "sort", "route+sort")
     print(f"{'shape':<16}{'T':>7}  " + "  ".join(f"{op + ' ours/torch (us)':>28}" for op in ops))

@@ -1,0 +1,58 @@
+"""Next-token choice without a host sync (so it can sit inside a captured CUDA graph).
+
+Greedy: ``argmax`` (the lowest id wins a tie, as in transformers). Sampling: temperature, then
+top-p (the smallest set of most likely tokens whose probability reaches ``top_p``; the most likely
+token is always kept), then one draw by the exponential race: ``argmax(p_i / e_i)`` with
+``e_i ~ Exp(1)`` picks token i with probability p_i / Σp over the kept tokens — the same law as
+``torch.multinomial``, without its host-side checks. ``temperature`` and ``top_p`` are 0-d tensors
+read at run time, so a captured graph serves every setting.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 → greedy; else temperature > 0, 0 < top_p ≤ 1; ``seed`` makes draws repeatable."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def sample(logits_BV: torch.Tensor, temperature: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
+           *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next token per row, int64 [B]: greedy when ``temperature`` is None, else one draw."""
+    if temperature is None:
+        return logits_BV.argmax(dim=-1)
+    probs_BV = torch.softmax(logits_BV.float() / temperature, dim=-1)
+    sorted_BV, order_BV = probs_BV.sort(dim=-1, descending=True)
+    before_BV = sorted_BV.cumsum(dim=-1) - sorted_BV  # mass of the more likely tokens
+    kept_BV = sorted_BV.masked_fill(before_BV >= top_p, 0.0)
+    race_BV = torch.empty_like(kept_BV).exponential_(generator=generator)
+    pick_B1 = (kept_BV / race_BV).argmax(dim=-1, keepdim=True)
+    return order_BV.gather(-1, pick_B1)[:, 0]
+
+
+def sample_torch(logits_BV: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """The plain twin of :func:`sample` with ``torch.multinomial`` (same distribution, other draws)."""
+    if params.greedy:
+        return logits_BV.argmax(dim=-1)
+    probs_BV = torch.softmax(logits_BV.float() / params.temperature, dim=-1)
+    sorted_BV, order_BV = probs_BV.sort(dim=-1, descending=True)
+    kept_BV = sorted_BV.masked_fill(sorted_BV.cumsum(-1) - sorted_BV >= params.top_p, 0.0)
+    pick_B1 = torch.multinomial(kept_BV, 1, generator=generator)
+    return order_BV.gather(-1, pick_B1)[:, 0]

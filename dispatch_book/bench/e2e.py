@@ -1,0 +1,247 @@
+"""End to end: an OLMoE-1B-7B-config model decoding, every transformers path against the engine.
+
+    python -m dispatch_book.bench e2e --out DIR [--batches 1,8,64,256 --prompt 128 --new 64]
+
+Model: ``OlmoeForCausalLM`` with OLMoE-1B-7B's config and random weights in bf16 (fp16 below sm_80), greedy,
+prompts of ``--prompt`` random tokens. Contestants (one run, same model):
+
+    hf_eager / hf_grouped_mm / hf_batched_mm   ``generate()`` with that experts implementation
+    hf_compile_static   ``generate(cache_implementation="static")`` (transformers compiles the step)
+    hf_graph            transformers' decode step (static cache) captured in a CUDA graph by hand
+    hf_graph_dispatch   the same with this package's experts (``experts_implementation="dispatch"``)
+    ours                ``dispatch.engine.Engine`` (lean forward, one CUDA graph per batch bucket)
+
+Per row: decode tok/s (rows × steps / s), prefill tok/s, time to first token, peak memory, and
+% of the bandwidth roofline = bytes one decode step must read (attention and router weights, the
+experts the batch is expected to touch under uniform routing, lm_head, the KV cache at the mean
+context) ÷ measured HBM read bandwidth. transformers paths are timed as generate(N) − generate(1)
+over N − 1 steps; slow ones get fewer new tokens (``--hf-new``). A wall-clock budget skips what no
+longer fits (recorded, never silent). ``--profile``: a per-step profile before and after capture.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from dispatch import runtime
+from dispatch_book import bench
+
+GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
+# In the order they run (each over every batch size): a spent budget skips the last ones first.
+CONTESTANTS = ("ours", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm", "hf_batched_mm", "hf_eager",
+               "hf_compile_static")
+
+
+def read_gbps() -> tuple[float, str]:
+    """HBM read bandwidth: the ceilings helper if present, else measured here (x.sum over 2 GiB)."""
+    ceil = getattr(bench, "ceilings", None)
+    if callable(ceil):
+        c = ceil()
+        return float(c["hbm_read_gbps"]), str(c.get("source", "ceilings()"))
+    x = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda").normal_()
+    t = bench.time_ms(lambda: x.sum(dtype=torch.float32))
+    return x.numel() * 2 / (t["median_ms"] * 1e-3) / 1e9, "measured in this run: x.sum over 2 GiB bf16"
+
+
+def step_bytes(cfg, B: int, ctx: float, itemsize: int) -> dict:
+    """Bytes one decode step of B rows at mean context ``ctx`` must read (see the module docstring)."""
+    H, L, E, K, I = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok, \
+        cfg.intermediate_size
+    kv = cfg.num_key_value_heads * (H // cfg.num_attention_heads)
+    attn = L * (2 * H * H + 2 * H * kv + 3 * H + kv) * itemsize  # q, o, k, v; 2 layer norms, q and k norms
+    used = E * (1 - (1 - K / E) ** B)  # distinct experts B uniform tokens touch
+    experts = L * (used * 3 * H * I + E * H) * itemsize
+    head = cfg.vocab_size * H * itemsize
+    cache = B * L * 2 * kv * ctx * itemsize
+    return {"attention": attn, "experts_and_router": experts, "lm_head": head, "kv_cache": cache,
+            "total": attn + experts + head + cache, "experts_used_per_layer": used}
+
+
+def build(seed: int = 0, **overrides):
+    """OLMoE-1B-7B's published config (expert intermediate 1024; ``OlmoeConfig()``'s default is 2048)
+    with random weights, on the GPU in the runtime's dtype."""
+    from transformers import OlmoeForCausalLM
+
+    from dispatch.hf import hub_config
+
+    torch.manual_seed(seed)
+    cfg = hub_config("allenai/OLMoE-1B-7B-0924", source="embedded")
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    with torch.device("cuda"):
+        model = OlmoeForCausalLM(cfg).to(runtime.compute_dtype()).eval()
+    return model
+
+
+def _peak_reset():
+    import gc
+
+    gc.collect()  # graphs, caches and engines of the previous contestant
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def _timed(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def hf_generate(model, ids, new: int, impl: str, static: bool) -> dict:
+    model.set_experts_implementation(impl)
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones_like(ids))
+    if static:
+        kw["cache_implementation"] = "static"
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=2, **kw)  # warm-up (and compile, for the static cache)
+        t1 = _timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw))
+        tn = _timed(lambda: model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw))
+    B, S = ids.shape
+    return {"ttft_s": t1, "prefill_tok_s": B * S / t1, "decode_tok_s": B * (new - 1) / max(tn - t1, 1e-9),
+            "new_tokens": new}
+
+
+def hf_graph(model, ids, new: int, impl: str) -> dict:
+    """transformers' forward, one token per row, over a StaticCache, captured once and replayed."""
+    from transformers import StaticCache
+
+    model.set_experts_implementation(impl)
+    B, S = ids.shape
+    cache = StaticCache(config=model.config, max_cache_len=S + new + 4)
+    tok = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+    pos = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+
+    def step():
+        logits = model(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        pos.add_(1)
+
+    def prefill():
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        pos.fill_(S)
+
+    with torch.no_grad():
+        t_pre = _timed(prefill)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        cache.reset()
+        t_pre = _timed(prefill)  # again, on the reset cache: the timed prefill
+        t_dec = _timed(lambda: [g.replay() for _ in range(new - 1)])
+    return {"ttft_s": t_pre, "prefill_tok_s": B * S / t_pre, "decode_tok_s": B * (new - 1) / t_dec,
+            "new_tokens": new, "graph_step_ms": t_dec / (new - 1) * 1e3}
+
+
+def ours(lean, ids, new: int) -> dict:
+    from dispatch.engine import Engine
+
+    prompts = ids.tolist()
+    engine = Engine(lean, max_batch=len(prompts), max_seq=len(prompts[0]) + new)
+    engine.generate(prompts, 4)  # captures this bucket's graph, warms the prefill path
+    res = engine.generate(prompts, new)
+    return {"ttft_s": res.ttft_s, "prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s,
+            "new_tokens": new, "graph_step_ms": res.decode_s / max(res.decode_steps, 1) * 1e3}
+
+
+def profiles(model, lean, B: int) -> list[dict]:
+    """Per-step profile of the engine's step, eager then as a graph replay, and transformers' eager step."""
+    from dispatch.engine import Engine, LeanModel
+    from dispatch.engine.profile import step_profile
+
+    engine = Engine(lean, max_batch=B, max_seq=512)
+    engine.generate([[1] * 16] * B, 2)
+    rows = [{"what": "ours, eager step", **step_profile(lambda: engine._step(B, True))},
+            {"what": "ours, CUDA graph", **step_profile(lambda: engine._run_step(B, True))}]
+    if B == 1:  # the same graph with the glue as torch ops (no fused kernels)
+        unfused = Engine(LeanModel.from_hf(model, fused=False), max_batch=B, max_seq=512)
+        unfused.generate([[1] * 16] * B, 2)
+        rows.append({"what": "ours, CUDA graph, glue as torch ops", **step_profile(lambda: unfused._run_step(B, True))})
+        del unfused
+    from transformers import StaticCache
+
+    model.set_experts_implementation("dispatch")
+    cache = StaticCache(config=model.config, max_cache_len=512)
+    tok = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+    with torch.no_grad():
+        model(input_ids=tok, past_key_values=cache, use_cache=True)
+        pos = torch.ones(B, 1, dtype=torch.long, device="cuda")
+        rows.append({"what": "transformers step (dispatch experts), eager",
+                     **step_profile(lambda: model(input_ids=tok, position_ids=pos, past_key_values=cache))})
+    return [{"batch": B, **r} for r in rows]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench e2e")
+    ap.add_argument("--batches", default="1,8,64,256")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--hf-new", type=int, default=16, help="new tokens for the slow transformers paths")
+    ap.add_argument("--contestants", default=",".join(CONTESTANTS))
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args(argv)
+    if not runtime.HAS_CUDA:
+        raise SystemExit("the end-to-end benchmark runs on a CUDA GPU")
+
+    from dispatch.engine import LeanModel, register
+
+    t_start = time.perf_counter()
+    register()
+    batches = [int(b) for b in a.batches.split(",")]
+    model = build()
+    gbps, gbps_source = read_gbps()
+    lean = LeanModel.from_hf(model)  # shares the weights; only the fused QKV is a copy
+    g = torch.Generator().manual_seed(0)
+    rows, extra = [], {"read_gbps": gbps, "read_gbps_source": gbps_source, "prompt": a.prompt,
+                       "model": "OlmoeForCausalLM, OLMoE-1B-7B config, random weights", "dtype": str(lean.dtype)}
+    prompts = {B: torch.randint(2, model.config.vocab_size, (B, a.prompt), generator=g).cuda() for B in batches}
+    for name in a.contestants.split(","):
+        for B in batches:
+            ids = prompts[B]
+            left = a.budget_s - (time.perf_counter() - t_start)
+            row = {"contestant": name, "batch": B}
+            slow = name in ("hf_eager", "hf_compile_static") or (name == "hf_batched_mm" and B > 8)
+            new = min(a.hf_new, a.new) if name in GENERATE else a.new
+            if left < (60 if slow else 15):
+                row["skipped"] = f"wall-clock budget ({a.budget_s:.0f} s) spent: {left:.0f} s left"
+            elif name == "hf_compile_static" and B > 8:
+                row["skipped"] = "recompiles per layer (dynamo's recompile limit): minutes per batch size"
+            else:
+                _peak_reset()
+                try:
+                    if name == "ours":
+                        row.update(ours(lean, ids, a.new))
+                    elif name.startswith("hf_graph"):
+                        row.update(hf_graph(model, ids, a.new, "dispatch" if name.endswith("dispatch")
+                                            else "grouped_mm"))
+                    else:
+                        impl = {"hf_compile_static": "grouped_mm"}.get(name, name.removeprefix("hf_"))
+                        row.update(hf_generate(model, ids, new, impl, static=name == "hf_compile_static"))
+                    row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                    sb = step_bytes(model.config, B, a.prompt + a.new / 2, lean.dtype.itemsize)
+                    row["bytes_per_step"] = sb["total"]
+                    row["roofline_tok_s"] = B / (sb["total"] / (gbps * 1e9))
+                    row["pct_roofline"] = 100 * row["decode_tok_s"] / row["roofline_tok_s"]
+                except Exception as e:  # recorded, e.g. batched_mm's out-of-memory in prefill
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    torch.cuda.empty_cache()
+            rows.append(row)
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+            bench.save("e2e", rows, extra=extra)
+        if name == "ours" and a.profile:
+            extra["profile"] = profiles(model, lean, 1) + profiles(model, lean, 64)
+            for r in extra["profile"]:
+                print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+    print("wrote", bench.save("e2e", rows, extra=extra))

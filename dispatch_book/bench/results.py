@@ -1,0 +1,200 @@
+"""The one results format: ``save`` writes it, ``load`` reads it, ``provenance`` tells it.
+
+A results file is ``<root>/<gpu-slug>/<name>.json``::
+
+    {"benchmark": name, "schema": 1, "gpu": "NVIDIA H200", "gpu_count": 1,
+     "versions": {"python", "torch", "triton", "transformers"}, "git_commit": "<40 hex>",
+     "date": "<UTC ISO 8601>", "command": "python -m dispatch_book.bench ...", ...extra,
+     "rows": [{what was measured..., "median_ms", "min_ms", "max_ms", "samples"}, ...]}
+
+Every row is a flat dict: the case's keys, then the fields of ``time_ms`` (raw medians, in ms).
+
+Where files go and come from:
+
+* The book reads the recordings shipped with the package: the repository's ``results/`` folder is
+  the package data ``dispatch_book.results`` (read with ``importlib.resources``, so the same code
+  works from a checkout, an editable install and a wheel).
+* ``save`` writes under ``out``: by default the scratch folder ``_build/results`` of the current
+  directory, so a benchmark run never replaces a recording by accident. Recording for the book is
+  asked for explicitly: ``python -m dispatch_book.bench SUITE --out results``.
+* ``save`` refuses a run whose code it cannot name: outside a git checkout set
+  ``DISPATCH_GIT_COMMIT``; a checkout with uncommitted changes to the package is refused unless
+  ``allow_dirty`` (``--allow-dirty``) — such a file records ``<commit>+dirty``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.resources
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from dispatch import runtime
+
+SCRATCH = pathlib.Path("_build") / "results"
+PACKAGE = "dispatch_book.results"
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}(\+dirty)?$")
+# What the command line (``python -m dispatch_book.bench SUITE --out DIR --allow-dirty``) set for
+# every ``save`` of the run; explicit arguments of ``save`` win.
+_cli: dict = {"out": None, "allow_dirty": False}
+
+
+def configure(out: str | os.PathLike | None = None, allow_dirty: bool = False) -> None:
+    """Set the defaults of ``save`` for this process (what the CLI's ``--out``/``--allow-dirty`` do)."""
+    _cli.update(out=out, allow_dirty=allow_dirty)
+
+
+def add_output_args(parser) -> None:
+    """``--out DIR`` and ``--allow-dirty``: the one spelling of where a benchmark writes."""
+    parser.add_argument("--out", default=_cli["out"], metavar="DIR",
+                        help=f"results root: the file goes to DIR/<gpu>/NAME.json (default {SCRATCH}, a scratch "
+                             "folder; `--out results` replaces the recording the book reads)")
+    parser.add_argument("--allow-dirty", action="store_true", default=_cli["allow_dirty"],
+                        help="record a run of uncommitted code (its commit is marked +dirty)")
+
+
+def gpu_slug(name: str | None = None) -> str:
+    """Folder name of a GPU: ``"NVIDIA H200"`` → ``h200``, ``"Tesla T4"`` → ``tesla-t4``; the
+    current device's when ``name`` is None (``cpu`` without CUDA)."""
+    if name is None:
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "cpu"
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str:
+    """The commit the code was run from: ``$DISPATCH_GIT_COMMIT`` (a tree copied without .git),
+    else ``HEAD`` of the checkout around ``cwd`` (``+dirty`` when ``dispatch/`` or ``dispatch_book/``
+    differ from it), else ``"unknown"``."""
+    env = os.environ.get("DISPATCH_GIT_COMMIT", "").strip()
+    if env:
+        return env
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ":/dispatch", ":/dispatch_book"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+class CommitError(ValueError):
+    """The run's code cannot be named by a clean commit."""
+
+
+def checked_commit(allow_dirty: bool = False, cwd: str | os.PathLike | None = None) -> str:
+    """``git_commit()``, or a ValueError when it cannot be trusted (unknown, malformed, or dirty
+    without ``allow_dirty``)."""
+    commit = git_commit(cwd)
+    if commit == "unknown":
+        raise CommitError("cannot tell which commit this run measures: run it from a git checkout, or set "
+                         "DISPATCH_GIT_COMMIT=<commit> where the tree was copied without .git")
+    if not _COMMIT.match(commit):
+        raise CommitError(f"DISPATCH_GIT_COMMIT must be a hex commit id (optionally +dirty), got {commit!r}")
+    if commit.endswith("+dirty") and not allow_dirty:
+        raise CommitError(f"the package has uncommitted changes ({commit}): commit them first, or pass "
+                         "--allow-dirty (save(..., allow_dirty=True)) to record a run of a dirty tree")
+    return commit
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as a user would type it (``python -m MODULE args``), without ``--out DIR``."""
+    argv = list(sys.argv if argv is None else argv)
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name.removesuffix(".__main__")] if spec is not None else ["python", argv[0]]
+    args, skip = [], False
+    for a in argv[1:]:
+        if skip or a == "--out" or a.startswith("--out="):
+            skip = a == "--out"
+            continue
+        args.append(a)
+    return " ".join(head + args)
+
+
+def save(name: str, rows: list[dict], *, out: str | os.PathLike | None = None, command: str | None = None,
+         extra: dict | None = None, allow_dirty: bool | None = None) -> pathlib.Path:
+    """Write ``<out>/<gpu-slug>/<name>.json`` (default ``out``: ``_build/results``); returns the path."""
+    if not re.fullmatch(r"[a-z0-9_]+", name):
+        raise ValueError(f"a results name is lower-case letters, digits and '_', got {name!r}")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"rows must be a non-empty list of dicts, got {type(rows).__name__} {rows!r:.80}")
+    allow_dirty = _cli["allow_dirty"] if allow_dirty is None else allow_dirty
+    commit = checked_commit(allow_dirty)
+    info = runtime.describe()
+    doc = {
+        "benchmark": name,
+        "schema": 1,
+        "gpu": info.get("gpu") or "cpu",
+        "gpu_count": info.get("gpu_count", 0),
+        "versions": {k: info.get(k) for k in ("python", "torch", "triton", "transformers")},
+        "git_commit": commit,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or command_line(),
+        **(extra or {}),
+        "rows": rows,
+    }
+    text = json.dumps(doc, indent=1) + "\n"  # serialise first: a bad row never leaves half a file
+    folder = pathlib.Path(out if out is not None else _cli["out"] or SCRATCH).absolute() / gpu_slug(doc["gpu"])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def recorded():
+    """The recordings shipped with the package (an ``importlib.resources`` Traversable).
+
+    Where the package is imported from a checkout that was never installed (``PYTHONPATH=.``),
+    ``dispatch_book.results`` does not exist: then the ``results/`` folder of the checkout around
+    the current directory is read instead."""
+    try:
+        return importlib.resources.files(PACKAGE)
+    except ModuleNotFoundError:
+        for d in (pathlib.Path.cwd(), *pathlib.Path.cwd().parents):
+            if (d / "setup.py").is_file() and (d / "dispatch_book").is_dir() and (d / "results").is_dir():
+                return d / "results"
+        raise FileNotFoundError("the recorded results ship as the package data dispatch_book.results: install the "
+                                "package (pip install .), or run from a checkout of the repository") from None
+
+
+def load(name: str, gpu: str | None = None, *, root: str | os.PathLike | None = None) -> dict | None:
+    """The recorded file of benchmark ``name`` for GPU ``gpu`` (a name or slug: ``"h200"``), or
+    the newest over all GPUs when ``gpu`` is None; None when there is none.
+
+    Only a file whose recorded ``gpu`` is the folder's GPU counts, and CPU runs (``cpu*`` folders)
+    are returned only when asked for by name (``gpu="cpu"``): a CPU run never stands in for a GPU.
+    ``root``: another results folder (e.g. ``_build/results`` after a run of your own).
+    """
+    base = pathlib.Path(root) if root is not None else recorded()
+    if gpu is not None:
+        slugs = [gpu_slug(gpu)]
+    else:
+        slugs = [d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith(("cpu", "_", "."))]
+    docs = []
+    for slug in slugs:
+        f = base.joinpath(slug, f"{name}.json")
+        if f.is_file():
+            doc = json.loads(f.read_text())
+            if gpu_slug(doc.get("gpu") or "cpu") == slug:
+                docs.append(doc)
+    return max(docs, key=lambda d: d["date"]) if docs else None
+
+
+def provenance(doc: dict) -> str:
+    """One sentence saying where and when a recorded file was measured."""
+    if not isinstance(doc, dict):
+        raise ValueError("provenance() needs a results document; load() found no recorded file")
+    v = doc["versions"]
+    return (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} on {doc['date'][:10]} "
+            f"(torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}, "
+            f"commit {doc['git_commit'][:10]}) by `{doc['command']}`.")

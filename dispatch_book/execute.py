@@ -1,0 +1,95 @@
+"""Executing chapters with papermill: parameters checked, committed notebooks replaced only whole.
+
+``execute(nb, out, overrides)`` runs ``nb`` into ``out`` (cwd = the notebook's folder) and raises
+SystemExit naming the notebook and the failing cell. ``run_in_place(nb, overrides, scratch)``
+executes into a scratch copy and replaces the committed notebook only when every cell succeeded:
+a failing cell or a bad parameter value leaves it untouched.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+
+
+def declared(nb_path: pathlib.Path) -> dict:
+    """The parameters a notebook declares in its cell tagged ``parameters`` (name → papermill info)."""
+    import papermill
+
+    return dict(papermill.inspect_notebook(str(nb_path)))
+
+
+def params_for(nb_path: pathlib.Path, overrides: dict, *, strict: bool) -> dict:
+    """The overrides this notebook declares. ``strict``: an undeclared name is a ValueError naming
+    the declared ones (otherwise it is left out: a book-wide ``-p`` applies where a chapter has it)."""
+    known = declared(nb_path)
+    unknown = sorted(set(overrides) - set(known))
+    if strict and unknown:
+        raise ValueError(f"{nb_path.name} has no parameter {', '.join(map(repr, unknown))}; "
+                         f"its parameters are: {', '.join(known) or '(none)'}")
+    return {k: v for k, v in overrides.items() if k in known}
+
+
+def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | None = None, *,
+            strict: bool = True, root: pathlib.Path | None = None, env: dict | None = None,
+            cell_timeout: float | None = None) -> float:
+    """Execute one notebook with papermill into ``out_path``; returns seconds. Raises SystemExit
+    naming the notebook and the failing cell (the executed copy keeps the traceback). ``env``: extra
+    environment of the kernel; ``cell_timeout``: seconds a cell may run."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    params = params_for(nb_path, overrides or {}, strict=strict)
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})  # the kernel is a child process: it inherits these
+    t0 = time.time()
+    try:
+        papermill.execute_notebook(str(nb_path), str(out_path), parameters=params, kernel_name="python3",
+                                   cwd=str(nb_path.parent), progress_bar=False, execution_timeout=cell_timeout)
+    except PapermillExecutionError as e:
+        raise SystemExit(f"\n{_rel(nb_path, root)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
+                         f"(executed copy with the traceback: {out_path})") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    relative_paths(out_path, nb_path, root)
+    return time.time() - t0
+
+
+def run_in_place(nb_path: pathlib.Path, overrides: dict, scratch: pathlib.Path,
+                 root: pathlib.Path | None = None) -> float:
+    """Refresh a committed notebook's outputs: execute into ``scratch``, then replace ``nb_path``
+    only if the whole run succeeded (an unknown parameter name fails before anything runs)."""
+    nb_path = pathlib.Path(nb_path).resolve()
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / nb_path.name
+    secs = execute(nb_path, out, overrides, strict=True, root=root)
+    fd, tmp = tempfile.mkstemp(dir=nb_path.parent, prefix=f".{nb_path.stem}.", suffix=".ipynb")
+    os.close(fd)
+    shutil.copyfile(out, tmp)
+    os.replace(tmp, nb_path)
+    return secs
+
+
+def _rel(p: pathlib.Path, root: pathlib.Path | None) -> str:
+    """``p`` relative to the repository when it is inside it (for messages)."""
+    p = pathlib.Path(p).resolve()
+    return p.relative_to(root).as_posix() if root is not None and root in p.parents else str(p)
+
+
+def relative_paths(out_path: pathlib.Path, nb_path: pathlib.Path, root: pathlib.Path | None = None) -> None:
+    """papermill records absolute input/output paths: record the notebook's own name for both, so
+    an executed copy is the committed notebook byte for byte when its outputs are the same."""
+    import nbformat
+
+    nb = nbformat.read(out_path, as_version=4)
+    pm = nb.metadata.get("papermill", {})
+    for key in ("input_path", "output_path"):
+        if pm.get(key):
+            pm[key] = pathlib.Path(nb_path).name
+    nbformat.write(nb, out_path)
