@@ -66,14 +66,6 @@ def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor
     return fig
 
 
-def capacity_reference() -> tuple[dict, ...]:
-    """The reference capacity sweep of OLMoE-1B-7B on WikiText-2 that ``dispatch.balance`` holds."""
-    from dispatch import balance
-
-    names = [n for n in dir(balance) if n.endswith("OLMOE_WIKITEXT2")]
-    return tuple(getattr(balance, names[0])) if names else ()
-
-
 def describe_checkpoint(ck, model: str, dataset: str) -> list[str]:
     """Where a loaded checkpoint came from, and whether this Python's corpus is the one it saw."""
     from dispatch import data
