@@ -13,7 +13,7 @@ ARGS ?=
 # (MPLBACKEND=Agg) would drop them and fail nbval.
 unexport MPLBACKEND
 
-.PHONY: book book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels
+.PHONY: book vendor check-html book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels
 
 env: $(STAMP)
 
@@ -25,9 +25,20 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-# Execute every chapter in _toc.yml on the embedded default, then build _build/html.
-book: $(STAMP)
+# Execute every chapter in _toc.yml on the embedded default, then build _build/html and check it.
+book: $(STAMP) vendor
 	$(PY) -m dispatch_book.build $(ARGS)
+	$(MAKE) --no-print-directory check-html
+
+# MathJax and the widget library at pinned versions from npm into book/_static/vendor (not
+# committed), so the pages render offline; without npm the pages load them from the CDN.
+vendor: $(STAMP)
+	$(PY) -m dispatch_book.vendor book/_static/vendor
+
+# The built pages: code and output lines <= 88 characters, figures drawn at >= 70% of their width,
+# no words about how the book was made (dispatch_book/htmlcheck.py).
+check-html: $(STAMP)
+	$(PY) -m dispatch_book.htmlcheck _build/html
 
 # Unit tests, property tests and the notebooks under nbval, in one pytest run, on the CPU (the
 # committed notebook outputs are the CPU default's; kernels run under Triton's interpreter).
@@ -65,4 +76,4 @@ bench: $(STAMP)
 	$(PY) -m dispatch_book.bench $(ARGS)
 
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache book/_static/vendor

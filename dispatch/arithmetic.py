@@ -1,8 +1,10 @@
-"""Roofline arithmetic: parameters, bytes and FLOPs of an MoE layer and model, and the H200 floors.
+"""Roofline arithmetic: parameters, bytes and FLOPs of an MoE layer and model, and their floors.
 
 Everything here is counting, no measurement: the numbers later chapters race against.
 A decoded batch of T tokens must at least read every weight it uses once (bytes / HBM bandwidth)
-and do its multiply-adds (FLOPs / matmul throughput); the larger of the two is the floor.
+and do its multiply-adds (FLOPs / matmul throughput); the larger of the two is the floor. The
+ceilings are arguments (``hbm_bps`` bytes/s, ``flops_per_s`` FLOP/s): pass the ones measured on,
+or quoted for, the GPU in question.
 
 Conventions: a multiply-add is 2 FLOPs; weights are read once per step (ideal caching); the KV
 cache and attention-score FLOPs (they grow with the context) are left out unless asked for;
@@ -15,13 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from dispatch.config import MoEConfig
-
-# The H200 ceilings every "% of peak" in the book divides by — the one place they live.
-# Source: shared/gpu.md ("Ceilings"), measured on the project's H200s on 2026-11-30:
-# HBM ~4.3 TB/s device-to-device copy (datasheet 4.8); bf16 dense matmul ~770-800 TFLOP/s
-# through torch at 8192^3 (datasheet ~990).
-H200_HBM_BPS = 4.3e12  # bytes / s
-H200_BF16_FLOPS = 790e12  # FLOP / s
 
 
 @dataclass(frozen=True)
@@ -95,25 +90,43 @@ def unique_experts(ids_TK: torch.Tensor) -> int:
     return int(torch.unique(ids_TK).numel())
 
 
+def ridge(hbm_bps: float, flops_per_s: float) -> float:
+    """FLOPs per byte where the memory floor meets the compute floor: flops_per_s / hbm_bps."""
+    _check_ceilings(hbm_bps, flops_per_s)
+    return flops_per_s / hbm_bps
+
+
+def _check_ceilings(hbm_bps, flops_per_s) -> None:
+    for name, v in (("hbm_bps", hbm_bps), ("flops_per_s", flops_per_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
+            raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+
+
 @dataclass(frozen=True)
 class Roofline:
-    """FLOPs and bytes of some work, and its floors on the H200 (see the ceilings above)."""
+    """FLOPs and bytes of some work, and its floors under two ceilings: ``hbm_bps`` (bytes/s) and
+    ``flops_per_s`` (FLOP/s)."""
 
     flops: float
     bytes: float
+    hbm_bps: float
+    flops_per_s: float
+
+    def __post_init__(self):
+        _check_ceilings(self.hbm_bps, self.flops_per_s)
 
     @property
     def intensity(self) -> float:
-        """FLOPs per byte; the H200's ridge point is H200_BF16_FLOPS / H200_HBM_BPS ≈ 184."""
+        """FLOPs per byte (compare with :func:`ridge` of the same ceilings)."""
         return self.flops / self.bytes
 
     @property
     def t_memory_s(self) -> float:
-        return self.bytes / H200_HBM_BPS
+        return self.bytes / self.hbm_bps
 
     @property
     def t_compute_s(self) -> float:
-        return self.flops / H200_BF16_FLOPS
+        return self.flops / self.flops_per_s
 
     @property
     def floor_s(self) -> float:
@@ -124,8 +137,8 @@ class Roofline:
         return "memory" if self.t_memory_s >= self.t_compute_s else "compute"
 
 
-def expert_layer_roofline(cfg: MoEConfig, tokens: int, *, bytes_per_param: int = 2,
-                          ids_TK: torch.Tensor | None = None) -> Roofline:
+def expert_layer_roofline(cfg: MoEConfig, tokens: int, *, hbm_bps: float, flops_per_s: float,
+                          bytes_per_param: int = 2, ids_TK: torch.Tensor | None = None) -> Roofline:
     """The routed experts of one layer at T tokens (what the kernels of chapters 2–3 race against).
 
     FLOPs: T·K·6·H·I. Bytes: the weights of the experts touched (exact for a given ids_TK, else
@@ -134,11 +147,11 @@ def expert_layer_roofline(cfg: MoEConfig, tokens: int, *, bytes_per_param: int =
     touched = unique_experts(ids_TK) if ids_TK is not None else expected_unique_experts(cfg.E, cfg.K, tokens)
     flops = 2.0 * tokens * cfg.top_k * expert_params(cfg)
     nbytes = (touched * expert_params(cfg) + 2 * tokens * cfg.hidden_size) * bytes_per_param
-    return Roofline(flops, nbytes)
+    return Roofline(flops, nbytes, hbm_bps, flops_per_s)
 
 
-def decode_step_roofline(shape: ModelShape, tokens: int = 1, *, bytes_per_param: int = 2,
-                         context: int = 0) -> Roofline:
+def decode_step_roofline(shape: ModelShape, tokens: int = 1, *, hbm_bps: float, flops_per_s: float,
+                         bytes_per_param: int = 2, context: int = 0) -> Roofline:
     """One decode step of the whole model for a batch of T tokens (one new token per sequence).
 
     Bytes: every non-expert weight once (attention, norms, routers, shared/dense MLPs, lm_head),
@@ -151,4 +164,4 @@ def decode_step_roofline(shape: ModelShape, tokens: int = 1, *, bytes_per_param:
     experts = shape.moe_layers * expected_unique_experts(m.E, m.K, tokens) * expert_params(m)
     nbytes = (non_expert + tokens * m.hidden_size + experts) * bytes_per_param
     per_token = 2 * (p["active"] - p["embedding"]) + 4 * shape.num_layers * shape.num_heads * shape.head_dim * context
-    return Roofline(float(tokens * per_token), float(nbytes))
+    return Roofline(float(tokens * per_token), float(nbytes), hbm_bps, flops_per_s)

@@ -13,6 +13,7 @@ Routing families (``MoEConfig.family`` only names the preset; the fields decide 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
@@ -40,8 +41,21 @@ class MoEConfig:
     def __post_init__(self):
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k", "n_group", "topk_group"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"MoEConfig.{name} must be a positive int, got {v!r}")
+        for name in ("norm_topk_prob", "correction_bias", "shared_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MoEConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        s = self.shared_intermediate_size
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise ValueError(f"MoEConfig.shared_intermediate_size must be an int >= 0, got {s!r}")
+        f = self.routed_scaling_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
+            raise ValueError(f"MoEConfig.routed_scaling_factor must be a finite number > 0, got {f!r}")
+        if not isinstance(self.family, str) or not self.family:
+            raise ValueError(f"MoEConfig.family must be a non-empty string, got {self.family!r}")
+        if self.correction_bias and self.scoring != "sigmoid":
+            raise ValueError("MoEConfig.correction_bias (DeepSeek-V3's selection bias) needs scoring='sigmoid'")
         if self.top_k > self.num_experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} must be <= num_experts={self.num_experts}")
         if self.scoring not in ("softmax", "sigmoid"):
@@ -90,7 +104,8 @@ PRESETS: dict[str, MoEConfig] = {
     "mixtral-8x7b": MoEConfig(4096, 14336, 8, 2, norm_topk_prob=True, family="mixtral"),
     "deepseek-moe-16b": MoEConfig(2048, 1408, 64, 6, shared_intermediate_size=2 * 1408, family="deepseek_moe"),
     "qwen3-30b-a3b": MoEConfig(2048, 768, 128, 8, norm_topk_prob=True, family="qwen3_moe"),
-    "qwen2-57b-a14b": MoEConfig(3584, 2560, 64, 8, shared_intermediate_size=20480, shared_gate=True, family="qwen2_moe"),
+    "qwen2-57b-a14b": MoEConfig(3584, 2560, 64, 8, shared_intermediate_size=20480, shared_gate=True,
+                                family="qwen2_moe"),
     "deepseek-v3": MoEConfig(7168, 2048, 256, 8, scoring="sigmoid", norm_topk_prob=True, n_group=8, topk_group=4,
                              routed_scaling_factor=2.5, correction_bias=True, shared_intermediate_size=2048,
                              family="deepseek_v3"),
@@ -153,7 +168,8 @@ class MoEWeights:
             raise ValueError(f"MoEWeights tensors must share one floating dtype, got {dtypes}")
 
 
-def random_weights(cfg: MoEConfig, *, seed: int = 0, dtype=torch.float32, device="cpu", scale: float = 1.0) -> MoEWeights:
+def random_weights(cfg: MoEConfig, *, seed: int = 0, dtype=torch.float32, device="cpu",
+                   scale: float = 1.0) -> MoEWeights:
     """Seeded random weights with a sensible scale (std ~ 1/sqrt(fan_in)); for tests and benchmarks.
 
     Drawn by ``device``'s own generator (a GPU draws Mixtral's gigabytes without the host); the
@@ -166,7 +182,8 @@ def random_weights(cfg: MoEConfig, *, seed: int = 0, dtype=torch.float32, device
         draw = torch.randn(*shape, generator=g, device=device, dtype=torch.float32)
         return (draw * (scale / fan_in ** 0.5)).to(dtype=dtype)
 
-    w = MoEWeights(router_EH=rnd(E, H, fan_in=H), gate_up_E2IH=rnd(E, 2 * I, H, fan_in=H), down_EHI=rnd(E, H, I, fan_in=I))
+    w = MoEWeights(router_EH=rnd(E, H, fan_in=H), gate_up_E2IH=rnd(E, 2 * I, H, fan_in=H),
+                   down_EHI=rnd(E, H, I, fan_in=I))
     if cfg.correction_bias:
         w.bias_E = torch.randn(E, generator=g, device=device, dtype=torch.float32) * 0.1
     if S:

@@ -20,9 +20,14 @@ from typing import Iterator
 
 import torch
 
+from dispatch.arithmetic import ModelShape
 from dispatch.config import MoEConfig, MoEWeights
+from dispatch.reference import moe_reference, route_reference, router_logits
 
 SUPPORTED = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+BLOCK_CLASSES = {"olmoe": "OlmoeSparseMoeBlock", "mixtral": "MixtralSparseMoeBlock",
+                 "qwen2_moe": "Qwen2MoeSparseMoeBlock", "qwen3_moe": "Qwen3MoeSparseMoeBlock",
+                 "deepseek_v3": "DeepseekV3MoE"}
 
 # allenai/OLMoE-1B-7B-0924, config.json as published on the Hugging Face Hub (Muennighoff et al.,
 # "OLMoE: Open Mixture-of-Experts Language Models", 2024). Embedded so chapter 0's arithmetic runs
@@ -43,7 +48,7 @@ def hub_config(name: str, source: str = "auto"):
 
     'embedded' needs no internet (see :data:`EMBEDDED`); 'hub' calls ``AutoConfig.from_pretrained``.
     """
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers is heavy and optional for the library
 
     if source not in ("auto", "embedded", "hub"):
         raise ValueError(f"source must be 'auto', 'embedded' or 'hub', got {source!r}")
@@ -73,7 +78,8 @@ def config_from_hf(hf_config) -> MoEConfig:
         return MoEConfig(H, c.moe_intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob),
                          shared_intermediate_size=c.shared_expert_intermediate_size, shared_gate=True, family=kind)
     if kind == "qwen3_moe":
-        return MoEConfig(H, c.moe_intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob), family=kind)
+        return MoEConfig(H, c.moe_intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob),
+                         family=kind)
     return MoEConfig(H, c.moe_intermediate_size, c.n_routed_experts, K, scoring="sigmoid",
                      norm_topk_prob=bool(c.norm_topk_prob), n_group=c.n_group, topk_group=c.topk_group,
                      routed_scaling_factor=float(c.routed_scaling_factor), correction_bias=True,
@@ -85,12 +91,36 @@ def _mlp_gate_up_down(mlp) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0).detach(), mlp.down_proj.weight.detach()
 
 
+def _check_block_matches(block, cfg: MoEConfig) -> None:
+    """Raise ValueError if ``block`` is another family's block, or its router disagrees with ``cfg``."""
+    kind = type(block).__name__
+    want = BLOCK_CLASSES.get(cfg.family)
+    if want is not None and kind in BLOCK_CLASSES.values() and kind != want:
+        raise ValueError(f"the config is {cfg.family!r} (a {want}) but the block is a {kind}")
+    gate = block.gate
+    router = {"top_k": cfg.top_k, "num_experts": cfg.num_experts, "norm_topk_prob": cfg.norm_topk_prob,
+              "routed_scaling_factor": cfg.routed_scaling_factor, "num_group": cfg.n_group,
+              "topk_group": cfg.topk_group}
+    for name, value in router.items():
+        have = getattr(gate, name, None)
+        if have is not None and not isinstance(have, torch.Tensor) and have != value:
+            raise ValueError(f"the block's router has {name}={have!r} but the config says {value!r}")
+    shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+    if shared is not None and not cfg.shared_intermediate_size:
+        raise ValueError(f"{kind} has a shared expert but the config has none (shared_intermediate_size=0)")
+    if hasattr(block, "shared_expert_gate") != cfg.shared_gate:
+        raise ValueError(f"the config says shared_gate={cfg.shared_gate} but {kind} "
+                         f"{'has' if hasattr(block, 'shared_expert_gate') else 'has no'} shared_expert_gate")
+
+
 def weights_from_hf(block, cfg: MoEConfig) -> MoEWeights:
-    """The :class:`MoEWeights` of a transformers sparse MoE block (see the table above), validated."""
+    """The :class:`MoEWeights` of a transformers sparse MoE block (see the table above), validated:
+    a block of another family, or whose router or tensors disagree with ``cfg``, is a ValueError."""
     experts, gate = getattr(block, "experts", None), getattr(block, "gate", None)
     if experts is None or gate is None or not hasattr(experts, "gate_up_proj"):
         raise ValueError(f"expected a transformers 5 sparse MoE block with .gate and fused .experts, "
                          f"got {type(block).__name__}")
+    _check_block_matches(block, cfg)
     w = MoEWeights(router_EH=gate.weight.detach(), gate_up_E2IH=experts.gate_up_proj.detach(),
                    down_EHI=experts.down_proj.detach())
     if cfg.correction_bias:
@@ -129,8 +159,6 @@ def model_shape_from_hf(hf_config):
     transformers models built on the meta device). DeepSeek-V3's latent attention (MLA) is not
     modelled: a ValueError says so.
     """
-    from dispatch.arithmetic import ModelShape
-
     c, moe = hf_config, config_from_hf(hf_config)
     if moe.family == "deepseek_v3":
         raise ValueError("model_shape_from_hf models GQA attention; DeepSeek-V3's MLA is not supported")
@@ -177,7 +205,7 @@ def tiny_model(family: str, *, seed: int = 0, experts_implementation: str = "eag
     would otherwise pick ``grouped_mm``). DeepSeek-V3's selection bias is zero at init: it is set
     to N(0, 0.1) here so that it matters.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: heavy, optional for the library
 
     if family not in TINY_FAMILIES:
         raise ValueError(f"family must be one of {sorted(TINY_FAMILIES)}, got {family!r}")
@@ -193,18 +221,18 @@ def tiny_model(family: str, *, seed: int = 0, experts_implementation: str = "eag
 
 
 def check_block(block, hf_config, x_TH: torch.Tensor) -> dict[str, str]:
-    """Compare :class:`ReferenceMoE` with a transformers block on x_TH [T, H]: part → verdict.
+    """Compare the reference layer with a transformers block on x_TH [T, H]: part → verdict.
 
     Verdicts: 'bit-exact'; 'same set' (ids equal per token up to order: DeepSeek-V3 takes
     ``topk(sorted=False)``); 'within 4 ulp' (relative to the largest entry); 'DIFFERENT'.
     """
-    from dispatch.reference import ReferenceMoE
-
-    ref = ReferenceMoE.from_hf(block, hf_config)
+    cfg = config_from_hf(hf_config)
+    weights = weights_from_hf(block, cfg)
     with torch.no_grad():
         logits_hf, w_hf, ids_hf = block.gate(x_TH)
-        logits, w, ids = ref.route(x_TH)
-        y_hf, y = block(x_TH[None])[0], ref(x_TH)
+        logits = router_logits(x_TH, cfg, weights)
+        w, ids = route_reference(logits, cfg, weights.bias_E)
+        y_hf, y = block(x_TH[None])[0], moe_reference(x_TH, cfg, weights)
     eps = torch.finfo(y.dtype).eps
 
     def verdict(a, b):

@@ -1,110 +1,159 @@
-"""The one entry point: an MoE layer that picks its kernel path by token count and device.
+"""The one MoE layer: a function (:func:`moe`) and a module (:class:`MoELayer`) that pick a path.
 
-    y = moe(x, cfg, w)                     # x [T, H] or [B, S, H]
-    layer = MoELayer(cfg, w); y = layer(x)
-    layer = MoELayer.from_hf(block, hf_config)   # a transformers MoE block
+    y = moe(x, cfg, w)                              # x [T, H] or [B, S, H]
+    layer = MoELayer(cfg, w); y = layer(x)          # weights validated once, here
+    layer = MoELayer.from_hf(block, hf_config)      # a transformers MoE block
+    ref = MoELayer(cfg, w, path="torch")            # the reference layer (``moe_reference``) as a module
 
 Paths (``path=``):
-    "torch"   the plain-PyTorch reference (CPU without Triton's interpreter lands here)
+    "torch"   the plain-PyTorch reference: bitwise ``dispatch.reference.moe_reference``; autograd works
     "triton"  routing kernel → sort → grouped GEMM up+SwiGLU → grouped down×weight → combine
     "decode"  routing kernel → the grouped-GEMV decode kernels (``dispatch.kernels.gemv``)
-    "auto"    "decode" for T ≤ DECODE_MAX_TOKENS, else "triton"; "torch" where Triton cannot run
-The router matmul and the shared expert run in torch on every path.
+    "auto"    on a GPU: "decode" for T ≤ DECODE_MAX_TOKENS, else "triton"; on CPU: "torch" (Triton's
+              interpreter is for tests: it runs only when asked for with "triton" or "decode")
+``tiles=`` pins the chosen path's tiles: a ``GemmConfig`` for "triton", a ``DecodeConfig`` for "decode"
+(a mismatch is a ValueError). The router matmul and the shared expert run in torch on every path.
+The kernel paths are ``torch.library`` ops: ``torch.compile`` traces through them, CUDA graphs capture
+them (no host sync), and a backward through them raises (train with path="torch").
+Bad ids and non-finite tokens: see :mod:`dispatch.kernels.checks` (``check_ids=True`` to raise).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from dispatch import runtime
 from dispatch.config import MoEConfig, MoEWeights
-from dispatch.reference import (check_input, experts_reference, route_reference, router_logits,
-                                shared_reference)
+from dispatch.hf import config_from_hf, weights_from_hf
+from dispatch.kernels.checks import check_launch
+from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.gemv import DecodeConfig, moe_decode
+from dispatch.kernels.grouped_gemm import moe_experts
+from dispatch.kernels.routing import route
+from dispatch.reference import check_input, experts_reference, route_reference, router_logits, shared_reference
 
 PATHS = ("auto", "triton", "decode", "torch")
 # Measured on the H200 (results/h200/kernels.json, four shapes): the decode kernels win clearly at
 # 1-8 tokens; at 64 tokens they win on three shapes of four (Qwen3's 128 experts: the grouped GEMM).
 DECODE_MAX_TOKENS = 64
+TILES = {"triton": GemmConfig, "decode": DecodeConfig}  # the tile config each kernel path takes
 
 
-def _route(logits_TE, cfg, bias_E, use_kernel: bool):
-    if use_kernel:
-        from dispatch.kernels.routing import route
-
-        return route(logits_TE, cfg, bias_E)
-    weights_TK, ids_TK = route_reference(logits_TE, cfg, bias_E)
-    return weights_TK.float(), ids_TK
-
-
-def pick_path(T: int, x_TH: torch.Tensor, path: str = "auto") -> str:
-    """Which path runs ``T`` tokens of ``x_TH`` (raises ValueError for an impossible request)."""
+def pick_path(x_TH: torch.Tensor, path: str = "auto") -> str:
+    """Which path runs ``x_TH`` [T, H] (ValueError for a path that cannot run it here)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    can_triton = runtime.triton_ok(x_TH) and not (x_TH.device.type == "cpu" and x_TH.dtype == torch.bfloat16)
     if path == "auto":
-        if not can_triton:
+        if not x_TH.is_cuda:
             return "torch"
-        return "decode" if T <= DECODE_MAX_TOKENS else "triton"
-    if path in ("triton", "decode") and not can_triton:
-        raise ValueError(f"path={path!r} needs CUDA or Triton's interpreter with fp32/fp16 on CPU "
-                         f"(x is {x_TH.dtype} on {x_TH.device}, interpreter={runtime.INTERPRET})")
+        return "decode" if x_TH.shape[0] <= DECODE_MAX_TOKENS else "triton"
+    if path != "torch":
+        check_launch(f"path={path!r}", x_TH)
     return path
 
 
-def moe(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, *, path: str = "auto", config=None) -> torch.Tensor:
+def _check_tiles(tiles, path: str, chosen: str) -> None:
+    if tiles is None:
+        return
+    want = TILES.get(chosen)
+    if want is None or not isinstance(tiles, want):
+        kinds = ", ".join(f"{cls.__name__} for path={p!r}" for p, cls in TILES.items())
+        how = f"path={path!r} chose {chosen!r}" if path != chosen else f"path={path!r}"
+        raise ValueError(f"tiles must match the path ({kinds}); {how}, got tiles={tiles!r}")
+
+
+def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, check_ids: bool) -> torch.Tensor:
+    """The layer on validated weights: x [T, H] or [B, S, H] → the same shape."""
+    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
+        raise ValueError(f"x must be a tensor [T, H] or [B, S, H], got {tuple(getattr(x, 'shape', ())) or type(x)}")
+    x_TH = x.reshape(-1, x.shape[-1]) if x.dim() == 3 else x
+    check_input(x_TH, cfg)
+    if x_TH.device != w.router_EH.device or x_TH.dtype != w.gate_up_E2IH.dtype:
+        raise ValueError(f"x is {x_TH.dtype} on {x_TH.device} but the weights are {w.gate_up_E2IH.dtype} "
+                         f"on {w.router_EH.device}")
+    chosen = pick_path(x_TH, path)
+    _check_tiles(tiles, path, chosen)
+    if x_TH.shape[0] == 0:
+        return x.new_zeros(x.shape)
+    logits_TE = router_logits(x_TH, cfg, w)
+    if chosen == "torch":
+        weights_TK, ids_TK = route_reference(logits_TE, cfg, w.bias_E)
+        y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI,
+                                 check_ids=check_ids)
+    else:
+        weights_TK, ids_TK = route(logits_TE, cfg, w.bias_E)
+        experts = moe_decode if chosen == "decode" else moe_experts
+        y_TH = experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=tiles, check_ids=check_ids)
+    shared_TH = shared_reference(x_TH, cfg, w)
+    y_TH = y_TH if shared_TH is None else y_TH + shared_TH
+    return y_TH.view(x.shape)
+
+
+def _check_layer(cfg, w, path) -> None:
+    if not isinstance(cfg, MoEConfig):
+        raise ValueError(f"cfg must be a dispatch.MoEConfig, got {type(cfg).__name__} {cfg!r}")
+    if not isinstance(w, MoEWeights):
+        raise ValueError(f"w must be a dispatch.MoEWeights, got {type(w).__name__}")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    w.validate(cfg)
+
+
+def moe(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, *, path: str = "auto", tiles=None,
+        check_ids: bool = False) -> torch.Tensor:
     """One MoE layer: router → top-K → routed experts (+ shared expert). x [T, H] or [B, S, H].
 
-    ``config`` pins the grouped GEMM's tiles (``GemmConfig``) on the "triton" path.
+    Validates ``cfg`` and ``w`` on every call (a :class:`MoELayer` does it once). ``tiles``: the
+    chosen path's tile config (see the module docstring). ``check_ids``: raise on expert ids outside
+    [0, E) (they cannot come from the router; one host sync).
     """
-    if isinstance(x, torch.Tensor) and x.dim() == 3:
-        return moe(x.reshape(-1, x.shape[-1]), cfg, w, path=path, config=config).view(x.shape)
-    check_input(x, cfg, w)
-    T = x.shape[0]
-    chosen = pick_path(T, x, path)
-    if T == 0:
-        return x.new_zeros(0, cfg.hidden_size)
-    weights_TK, ids_TK = _route(router_logits(x, cfg, w), cfg, w.bias_E, use_kernel=chosen != "torch")
-    if chosen == "torch":
-        y = experts_reference(x, weights_TK.to(x.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI)
-    elif chosen == "decode":
-        from dispatch.kernels.gemv import moe_decode
-
-        y = moe_decode(x, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
-    else:
-        from dispatch.kernels.grouped_gemm import moe_experts
-
-        y = moe_experts(x, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=config)
-    shared = shared_reference(x, cfg, w)
-    return y if shared is None else y + shared
+    _check_layer(cfg, w, path)
+    return _forward(x, cfg, w, path, tiles, check_ids)
 
 
 class MoELayer(nn.Module):
-    """``moe`` as a module: holds the config and the weights (as buffers, inference only)."""
+    """:func:`moe` as a module: the config, the weights (buffers, validated once, here), the path.
 
-    def __init__(self, cfg: MoEConfig, w: MoEWeights, *, path: str = "auto", config=None):
+    ``MoELayer(cfg, w, path="torch")`` is the reference layer; it can replace a transformers sparse
+    MoE block (``MoELayer.from_hf(block, hf_config, path="torch")``: same forward output).
+    """
+
+    def __init__(self, cfg: MoEConfig, w: MoEWeights, *, path: str = "auto", tiles=None, check_ids: bool = False):
         super().__init__()
-        w.validate(cfg)
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-        self.cfg, self.path, self.gemm_config = cfg, path, config
+        _check_layer(cfg, w, path)
+        if tiles is not None and not isinstance(tiles, tuple(TILES.values())):
+            raise ValueError(f"tiles must be a GemmConfig or a DecodeConfig, got {tiles!r}")
+        self.cfg, self.path, self.tiles, self.check_ids = cfg, path, tiles, check_ids
         self._names = list(w.tensors())
         for name, t in w.tensors().items():
             self.register_buffer(name, t)
+        self._w = w
 
     @classmethod
     def from_hf(cls, block: nn.Module, hf_config, **kw) -> "MoELayer":
         """From a transformers MoE block (e.g. ``OlmoeSparseMoeBlock``) and its model config."""
-        from dispatch.hf import config_from_hf, weights_from_hf
-
         cfg = config_from_hf(hf_config)
         return cls(cfg, weights_from_hf(block, cfg), **kw)
 
+    def _apply(self, fn, *args, **kw):  # .to() / .half() / .cuda(): rebuild the weights view, check once
+        super()._apply(fn, *args, **kw)
+        self._w = MoEWeights(**{n: getattr(self, n) for n in self._names})
+        self._w.validate(self.cfg)
+        return self
+
     @property
     def weights(self) -> MoEWeights:
-        return MoEWeights(**{n: getattr(self, n) for n in self._names})
+        return self._w
+
+    def route(self, x_TH: torch.Tensor):
+        """(logits_TE, weights_TK fp32, ids_TK) of a [T, H] input, by this layer's path's router."""
+        check_input(x_TH, self.cfg, self._w)
+        logits_TE = router_logits(x_TH, self.cfg, self._w)
+        if pick_path(x_TH, self.path) == "torch":
+            return (logits_TE, *route_reference(logits_TE, self.cfg, self._w.bias_E))
+        return (logits_TE, *route(logits_TE, self.cfg, self._w.bias_E))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return moe(x, self.cfg, self.weights, path=self.path, config=self.gemm_config)
+        return _forward(x, self.cfg, self._w, self.path, self.tiles, self.check_ids)
 
     def extra_repr(self) -> str:
         c = self.cfg

@@ -13,16 +13,18 @@ ids and output all ``torch.equal``). Two known, bounded exceptions:
     weights may differ by an ulp and the output by < 4 ulp of its largest entry.
   * bf16 Mixtral / DeepSeek-V3: transformers scales an expert's output by the fp32 weight and
     rounds once; we round the weight to the input dtype first (as OLMoE / Qwen do): a few ulp.
-:class:`ReferenceMoE` wraps the layer as an ``nn.Module`` that can replace a transformers block.
+As a module: ``dispatch.MoELayer(cfg, w, path="torch")`` (or ``MoELayer.from_hf(block, hf_config,
+path="torch")``) runs exactly this layer and can replace a transformers block.
+Bad ids and non-finite tokens follow :mod:`dispatch.kernels.checks`: an id outside [0, E) adds
+nothing (``check_ids=True`` raises); a NaN/Inf token gives a non-finite row and disturbs no other.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 
 from dispatch.config import MoEConfig, MoEWeights
+from dispatch.kernels.checks import check_experts_inputs
 
 
 def check_input(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights | None = None) -> None:
@@ -51,8 +53,8 @@ def route_reference(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tenso
     ``norm_topk_prob``, times ``routed_scaling_factor``.
     """
     if not isinstance(logits_TE, torch.Tensor) or logits_TE.dim() != 2 or not logits_TE.is_floating_point():
-        raise ValueError(f"logits must be a floating [T, E={cfg.num_experts}] tensor, got "
-                         f"{getattr(logits_TE, 'dtype', type(logits_TE).__name__)} {tuple(getattr(logits_TE, 'shape', ()))}")
+        got = f"{getattr(logits_TE, 'dtype', type(logits_TE).__name__)} {tuple(getattr(logits_TE, 'shape', ()))}"
+        raise ValueError(f"logits must be a floating [T, E={cfg.num_experts}] tensor, got {got}")
     T, E = logits_TE.shape
     if E != cfg.num_experts:
         raise ValueError(f"logits must have E={cfg.num_experts} columns, got {E}")
@@ -79,27 +81,29 @@ def route_reference(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tenso
     return weights_TK * cfg.routed_scaling_factor, ids_TK
 
 
+def swiglu(gate_up_M2I: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU activation of a gate|up product: silu(gate) * up — [M, 2I] → [M, I]."""
+    gate_MI, up_MI = gate_up_M2I.chunk(2, dim=-1)
+    return F.silu(gate_MI) * up_MI
+
+
 def swiglu_expert(x_MH: torch.Tensor, gate_up_2IH: torch.Tensor, down_HI: torch.Tensor) -> torch.Tensor:
     """One SwiGLU expert: down(silu(gate(x)) * up(x)) — [M, H] → [M, H]."""
-    gate_MI, up_MI = F.linear(x_MH, gate_up_2IH).chunk(2, dim=-1)
-    return F.linear(F.silu(gate_MI) * up_MI, down_HI)
+    return F.linear(swiglu(F.linear(x_MH, gate_up_2IH)), down_HI)
 
 
-def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.Tensor:
+def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, check_ids: bool = False) -> torch.Tensor:
     """The routed experts, one at a time: y_TH = Σ_k weights_TK[t,k] · expert_{ids_TK[t,k]}(x_t).
 
     Each expert's rows are gathered in (k, t) order; contributions are added expert by expert in
-    ascending id (the layer's fixed summation order). Experts that receive nothing are skipped.
+    ascending id (the layer's fixed summation order). Experts that receive nothing are skipped, and
+    so are ids outside [0, E) (``check_ids=True``: a ValueError instead).
     """
-    E = gate_up_E2IH.shape[0]
-    if ids_TK.shape != weights_TK.shape or ids_TK.dim() != 2 or ids_TK.shape[0] != x_TH.shape[0]:
-        raise ValueError(f"ids and weights must both be [T={x_TH.shape[0]}, K], got "
-                         f"{tuple(ids_TK.shape)} and {tuple(weights_TK.shape)}")
-    experts = torch.unique(ids_TK).tolist()  # ascending
-    if experts and not (0 <= experts[0] and experts[-1] < E):
-        raise ValueError(f"expert ids must lie in [0, E={E}), got min {experts[0]} max {experts[-1]}")
+    E = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)[2]
     y_TH = torch.zeros_like(x_TH)
-    for e in experts:
+    for e in torch.unique(ids_TK).tolist():  # ascending
+        if not 0 <= e < E:
+            continue
         k_pos, t_idx = torch.where(ids_TK.T == e)
         out_MH = swiglu_expert(x_TH[t_idx], gate_up_E2IH[e], down_EHI[e])
         out_MH = out_MH * weights_TK[t_idx, k_pos, None].to(out_MH.dtype)
@@ -115,6 +119,7 @@ def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch
     # output columns may round differently from two of S (the fused form is off by ~1 ulp on CPU).
     S = cfg.shared_intermediate_size
     gate_TS, up_TS = F.linear(x_TH, w.shared_gate_up_2SH[:S]), F.linear(x_TH, w.shared_gate_up_2SH[S:])
+    # (silu(gate) * up on the two products as they are: a concatenated copy rounds differently on CPU)
     out_TH = F.linear(F.silu(gate_TS) * up_TS, w.shared_down_HS)
     if cfg.shared_gate:
         out_TH = torch.sigmoid(F.linear(x_TH, w.shared_gate_1H)) * out_TH
@@ -137,46 +142,3 @@ def moe_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Te
     y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI)
     shared_TH = shared_reference(x_TH, cfg, w)
     return y_TH if shared_TH is None else y_TH + shared_TH
-
-
-class ReferenceMoE(torch.nn.Module):
-    """The reference layer as an ``nn.Module``: cfg + weights (as buffers), forward [T, H] or [B, S, H].
-
-    Drop-in for a transformers sparse MoE block (its forward returns the same tensor):
-    ``ReferenceMoE.from_hf(block, hf_config)``.
-    """
-
-    def __init__(self, cfg: MoEConfig, w: MoEWeights):
-        super().__init__()
-        w.validate(cfg)
-        self.cfg = cfg
-        self._names = list(w.tensors())
-        for name, t in w.tensors().items():
-            self.register_buffer(name, t)
-
-    @classmethod
-    def from_hf(cls, block, hf_config) -> "ReferenceMoE":
-        from dispatch.hf import config_from_hf, weights_from_hf
-
-        cfg = config_from_hf(hf_config)
-        return cls(cfg, weights_from_hf(block, cfg))
-
-    @property
-    def weights(self) -> MoEWeights:
-        return MoEWeights(**{n: getattr(self, n) for n in self._names})
-
-    def route(self, x_TH: torch.Tensor):
-        """(logits_TE, weights_TK fp32, ids_TK int64) of a [T, H] input."""
-        w = self.weights
-        check_input(x_TH, self.cfg, w)
-        logits_TE = router_logits(x_TH, self.cfg, w)
-        return (logits_TE, *route_reference(logits_TE, self.cfg, w.bias_E))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
-            raise ValueError(f"x must be [T, H] or [B, S, H], got {tuple(getattr(x, 'shape', ()))}")
-        x_TH = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
-        return moe_reference(x_TH, self.cfg, self.weights).reshape(x.shape)
-
-    def extra_repr(self) -> str:
-        return repr(self.cfg)

@@ -1,8 +1,11 @@
 """Where code runs: which device, compiled Triton or Triton's interpreter, which dtype.
 
-The one place that decides. Imported first by ``dispatch/__init__.py`` because Triton reads
-``TRITON_INTERPRET`` when it is imported: on a machine without CUDA we turn the interpreter on
-before anything imports Triton, so the same kernel source runs on CPU (slowly, for tests).
+The one place that decides. Imported by ``dispatch/__init__.py``, hence before any of the
+package's kernel modules: Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a
+kernel (``triton.knobs.runtime.interpret``, Triton 3.x), so on a machine without CUDA we turn the
+interpreter on here, before our kernels are defined, and the same kernel source runs on CPU
+(slowly, for tests). Importing ``triton`` itself first does no harm. Device properties (SM count,
+shared memory) are read once per device and cached.
 
 Dtypes: bf16 on sm_80+; fp16 below sm_80 (a T4 is sm_75: Triton's bf16 fails there although
 ``torch.cuda.is_bf16_supported()`` says True); fp32 on CPU (the interpreter mis-loads bf16).
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 
 import torch
 
@@ -60,23 +64,56 @@ def dtype(name: str = "auto", dev: torch.device | str | None = None) -> torch.dt
     return table[name]
 
 
-@functools.lru_cache(maxsize=None)
-def _shared_bytes_of(index: int) -> int:
-    import triton
+# The interpreter has no SMs; persistent grids get this many programs there, each looping over tiles.
+INTERPRETER_SMS = 4
+# Shared memory assumed where it cannot be read (the smallest GPU we target: a T4's 64 KiB).
+DEFAULT_SHARED_BYTES = 64 * 1024
 
-    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+def _cuda_index(dev: torch.device) -> int:
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _properties(index: int) -> tuple[int, int | None]:
+    """(SM count, max shared memory per program or None) of CUDA device ``index``, read once."""
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    try:
+        import triton  # deferred: only a CUDA device needs Triton's driver here
+
+        shared = int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - an unreadable property must not stop a launch
+        shared = None
+    return sms, shared
+
+
+def num_sms(dev: torch.device | str | None = None) -> int:
+    """Streaming multiprocessors of ``dev`` (read once per device); :data:`INTERPRETER_SMS` on CPU."""
+    dev = torch.device(dev) if dev is not None else device()
+    if dev.type != "cuda":
+        return INTERPRETER_SMS
+    return _properties(_cuda_index(dev))[0]
 
 
 def max_shared_bytes(dev: torch.device | str | None = None) -> int:
-    """Shared memory one Triton program may use on ``dev`` (cached: kernels ask on every launch).
-    227 KiB on an H100/H200, 64 KiB on a T4; 64 KiB when it cannot be read (the smallest we target)."""
+    """Shared memory one Triton program may use on ``dev`` (read once per device: kernels ask on every
+    launch). 227 KiB on an H100/H200, 64 KiB on a T4; :data:`DEFAULT_SHARED_BYTES` on CPU or when it
+    cannot be read. The environment variable ``DISPATCH_MAX_SHARED_BYTES`` overrides it everywhere
+    (e.g. 65536 to pick a T4's tiles on a big GPU)."""
+    env = os.environ.get("DISPATCH_MAX_SHARED_BYTES")
+    if env is not None:
+        try:
+            value = int(env)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"DISPATCH_MAX_SHARED_BYTES must be a positive int (bytes), got {env!r}")
+        return value
     dev = torch.device(dev) if dev is not None else device()
     if dev.type != "cuda":
-        return 64 * 1024
-    try:
-        return _shared_bytes_of(dev.index if dev.index is not None else torch.cuda.current_device())
-    except Exception:  # noqa: BLE001 - an unreadable property must not stop a launch
-        return 64 * 1024
+        return DEFAULT_SHARED_BYTES
+    shared = _properties(_cuda_index(dev))[1]
+    return DEFAULT_SHARED_BYTES if shared is None else shared
 
 
 def triton_ok(t: torch.Tensor) -> bool:
@@ -86,12 +123,10 @@ def triton_ok(t: torch.Tensor) -> bool:
 
 def describe() -> dict:
     """Versions and device, for results files and the top of every chapter."""
-    import platform
-
     info = {"python": platform.python_version(), "torch": torch.__version__,
             "device": "cpu", "gpu": None, "interpret": INTERPRET}
     try:
-        import triton
+        import triton  # deferred, as transformers below: versions of optional packages, if present
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None

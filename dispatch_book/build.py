@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 
-from dispatch_book import execute, headers
+from dispatch_book import execute, headers, vendor
 
 _root: pathlib.Path | None = None
 
@@ -101,6 +101,7 @@ def stage() -> pathlib.Path:
     src.mkdir(parents=True)
     for name in ("_config.yml", "_toc.yml", "README.md"):
         shutil.copy(root() / name, src / name)
+    vendor.fetch(root() / "book" / "_static" / "vendor")  # MathJax and the widget library, pinned
     shutil.copytree(root() / "book", src / "book")
     (src / "notebooks").mkdir()
     return src

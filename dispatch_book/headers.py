@@ -1,7 +1,9 @@
 """The two header cells every chapter starts with, written by ``python -m dispatch_book.build sync``.
 
 Cell 1: the title and the *Open in Colab* badge. Cell 2: the Colab install cell. The repository's
-address lives in one place, ``[project.urls] Repository`` of pyproject.toml.
+address lives in one place, ``[project.urls] Repository`` of pyproject.toml; the badge, the install
+cell and the book's launch buttons (``repository.branch`` in _config.yml) all use the release tag
+``v<version>``, so the notebook Colab opens matches the package it installs.
 
 The install cell is light on purpose: Colab already has torch (with its triton), numpy,
 matplotlib, tqdm and ipywidgets, and our ``torch>=2.11`` requirement must never make pip replace
@@ -49,17 +51,17 @@ def colab_deps(root: pathlib.Path) -> list[str]:
 def badge_source(root: pathlib.Path, nb_path: pathlib.Path, title: str) -> str:
     slug = repo_url(root).removeprefix("https://github.com/")
     rel = nb_path.resolve().relative_to(root).as_posix()
-    link = f"https://colab.research.google.com/github/{slug}/blob/main/{rel}"
+    link = f"https://colab.research.google.com/github/{slug}/blob/{pinned_ref(root)}/{rel}"
     return f"# {title}\n\n[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({link})"
 
 
 def install_source(root: pathlib.Path) -> str:
-    pkg = f"dispatch @ git+{repo_url(root)}@{pinned_ref(root)}"
     deps = " ".join(f'"{d}"' for d in colab_deps(root))
-    return ("# Colab only: install the package, keeping Colab's own torch (elsewhere `make book` did it).\n"
-            "import sys\n"
+    return ("# Colab only: install the package, keep Colab's torch (`make book` did it elsewhere).\n"
+            "import sys\n\n"
             "if \"google.colab\" in sys.modules:\n"
-            f"    !pip install -q --no-deps \"{pkg}\"\n"
+            f"    PKG = \"git+{repo_url(root)}@{pinned_ref(root)}\"\n"
+            "    !pip install -q --no-deps \"dispatch @ {PKG}\"\n"
             f"    !pip install -q {deps}")
 
 
@@ -71,6 +73,8 @@ def sync(root: pathlib.Path, paths=None) -> list[pathlib.Path]:
     cfg_path = root / "_config.yml"
     cfg = cfg_path.read_text()
     new_cfg = re.sub(r"(?m)^(repository:\n  url: ).*$", lambda m: m.group(1) + repo_url(root), cfg)
+    # the launch buttons (Colab, Binder) open the chapters at the tag the install cell installs
+    new_cfg = re.sub(r"(?m)^(repository:\n(?:  .*\n)*?  branch: ).*$", lambda m: m.group(1) + pinned_ref(root), new_cfg)
     if new_cfg != cfg:
         cfg_path.write_text(new_cfg)
         changed.append(cfg_path)
@@ -88,7 +92,10 @@ def sync(root: pathlib.Path, paths=None) -> list[pathlib.Path]:
         if len(nb.cells) < 2 or nb.cells[1].cell_type != "code" or "colab" not in nb.cells[1].source.lower():
             raise ValueError(f"{p.name}: the second cell must be the Colab install cell (a code cell with 'colab')")
         nb.cells[1].source = install_source(root)
-        nb.cells[1].metadata.setdefault("tags", [])
+        # Colab-only plumbing: hidden in the web book, where it would stand before the first sentence
+        tags = nb.cells[1].metadata.setdefault("tags", [])
+        if "remove-cell" not in tags:
+            tags.append("remove-cell")
         nb.metadata["accelerator"] = "GPU"
         nb.metadata.setdefault("colab", {})["gpuType"] = "T4"
         nb.metadata.setdefault("colab", {})["provenance"] = []

@@ -2,6 +2,7 @@
 import json
 import pathlib
 import re
+import shutil
 
 import pytest
 import yaml
@@ -31,6 +32,28 @@ def test_repository_url_in_one_place():
         assert badge.startswith(book.badge_source(nb, title)), f"{nb.name}: run `python -m dispatch_book.build sync`"
         assert install == book.install_source(), f"{nb.name}: run `python -m dispatch_book.build sync`"
         assert url.removeprefix("https://github.com/") in badge and url in install
+
+
+def test_launch_buttons_open_the_tag_the_colab_cells_install():
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    ref = headers.pinned_ref(ROOT)
+    assert cfg["repository"]["branch"] == ref, "run `python -m dispatch_book.build sync`"
+    assert cfg["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    assert cfg["launch_buttons"]["binderhub_url"] == "https://mybinder.org"
+    assert f"@{ref}" in book.install_source()
+    for nb in NOTEBOOKS:
+        badge = "".join(json.loads(nb.read_text())["cells"][0]["source"])
+        assert f"/blob/{ref}/notebooks/{nb.name}" in badge, f"{nb.name}: run `python -m dispatch_book.build sync`"
+
+
+def test_sync_writes_the_address_and_the_tag_into_the_config(tmp_path):
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    stale = (ROOT / "_config.yml").read_text().replace(book.repo_url(), "https://github.com/someone/old")
+    (tmp_path / "_config.yml").write_text(re.sub(r"(?m)^  branch: .*$", "  branch: main", stale))
+    assert headers.sync(tmp_path) == [tmp_path / "_config.yml"]
+    cfg = yaml.safe_load((tmp_path / "_config.yml").read_text())
+    assert cfg["repository"] == {**cfg["repository"], "url": book.repo_url(), "branch": headers.pinned_ref(ROOT)}
+    assert headers.sync(tmp_path) == []
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)

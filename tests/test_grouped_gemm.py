@@ -11,11 +11,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dispatch  # noqa: F401  (interpreter on before triton loads)
 from dispatch import runtime
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels.combine import combine, combine_torch
 from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.persistent import moe_experts_persistent
 from dispatch.kernels.sort import sort_by_expert_torch
 from dispatch.reference import experts_reference
 
@@ -132,8 +132,6 @@ def test_rows_do_not_depend_on_other_rows_values():
                                         (20, 4, 4, "random"), (33, 8, 1, "one_expert")])
 def test_persistent_matches_reference_and_plain_launch(T, E, K, mode):
     """Same tiles, another schedule: the same bits as the one-program-per-tile launch."""
-    from dispatch.kernels.persistent import moe_experts_persistent
-
     case = make_case(T, 64, 32, E, K, mode=mode, seed=T)
     y = moe_experts_persistent(*case, configs=(CPU_CFG, CPU_CFG))
     assert y.shape == (T, 64)
@@ -143,17 +141,17 @@ def test_persistent_matches_reference_and_plain_launch(T, E, K, mode):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (lambda c: (c[0][:, :10],) + c[1:], "gate_up must be"),
-    (lambda c: c[:2] + (c[2] + 100,) + c[3:], "ids must lie"),
-    (lambda c: c[:2] + (c[2].float(),) + c[3:], "ids must be an int32"),
+    (lambda c: (c[0][:, :10],) + c[1:], "gate_up_E2IH must be"),
+    (lambda c: c[:2] + (c[2].float(),) + c[3:], "ids_TK must be int32 or int64"),
     (lambda c: (c[0].double(),) + c[1:], "share one dtype"),
-    (lambda c: (c[0], c[1][:, :1]) + c[2:], "weights must be"),
-    (lambda c: c[:4] + (c[4][:, :, :5],), "down must be"),
+    (lambda c: (c[0], c[1][:, :1]) + c[2:], "weights_TK must be"),
+    (lambda c: c[:4] + (c[4][:, :, :5],), "down_EHI must be"),
 ])
 def test_bad_input_raises_value_error(bad, match):
     case = make_case(5, 64, 32, 4, 2)
-    with pytest.raises(ValueError, match=match):
-        gg.moe_experts(*bad(case))
+    for experts in (gg.moe_experts, moe_experts_persistent):
+        with pytest.raises(ValueError, match=match):
+            experts(*bad(case))
 
 
 def test_kernel_launchers_reject_routes_that_do_not_fit():

@@ -2,18 +2,28 @@
 
 For each family a tiny random transformers model is built from a config (no download), its
 experts forced to the ``eager`` implementation (the per-expert loop the reference mirrors), and
-each MoE block is compared with :class:`ReferenceMoE` built from it.
+each MoE block is compared with the reference layer built from it (``MoELayer(path="torch")``).
 """
-import dispatch  # noqa: F401  (first: runtime decisions)
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from dispatch.arithmetic import param_counts
 from dispatch.config import MoEConfig
-from dispatch.hf import (OLMOE_1B_7B, TINY_COMMON, TINY_FAMILIES, check_block, config_from_hf, hub_config,
-                         model_shape_from_hf, moe_blocks, tiny_model, weights_from_hf)
-from dispatch.reference import ReferenceMoE, experts_reference
+from dispatch.hf import (
+    OLMOE_1B_7B,
+    TINY_COMMON,
+    TINY_FAMILIES,
+    check_block,
+    config_from_hf,
+    hub_config,
+    model_shape_from_hf,
+    moe_blocks,
+    tiny_model,
+    weights_from_hf,
+)
+from dispatch.moe import MoELayer
+from dispatch.reference import experts_reference
 
 H = 64
 COMMON, FAMILIES = TINY_COMMON, TINY_FAMILIES
@@ -52,7 +62,7 @@ def test_softmax_families_bit_for_bit(family, variant):
     blocks = list(moe_blocks(model))
     assert [i for i, _ in blocks] == [0, 1]
     for _, block in blocks:
-        ref = ReferenceMoE.from_hf(block, hf_cfg)
+        ref = MoELayer.from_hf(block, hf_cfg, path="torch")
         for seed, (B, S) in enumerate(SHAPES):
             x = inputs(variant, B, S, seed)
             with torch.no_grad():
@@ -83,7 +93,7 @@ def test_deepseek_v3_matches_up_to_k_order(variant):
     blocks = list(moe_blocks(model))
     assert [i for i, _ in blocks] == [1]  # layer 0 is dense (first_k_dense_replace=1)
     block = blocks[0][1]
-    ref = ReferenceMoE.from_hf(block, hf_cfg)
+    ref = MoELayer.from_hf(block, hf_cfg, path="torch")
     cfg, wts = ref.cfg, ref.weights
     eps = torch.finfo(torch.float32).eps
     for seed, (B, S) in enumerate(SHAPES * 2):
@@ -113,9 +123,9 @@ def test_reference_swapped_into_the_model_gives_the_same_logits():
         with torch.no_grad():
             want = model(tokens).logits
             for idx, block in list(moe_blocks(model)):
-                model.model.layers[idx].mlp = ReferenceMoE.from_hf(block, model.config)
+                model.model.layers[idx].mlp = MoELayer.from_hf(block, model.config, path="torch")
             got = model(tokens).logits
-        assert all(isinstance(layer.mlp, ReferenceMoE) for layer in model.model.layers)
+        assert all(isinstance(layer.mlp, MoELayer) for layer in model.model.layers)
         assert torch.equal(got, want)
 
 
@@ -149,6 +159,26 @@ def test_bridge_errors():
         model_shape_from_hf(AutoConfig.for_model("deepseek_v3"))
 
 
+def test_a_block_that_does_not_match_the_config_is_refused():
+    """A Mixtral block read with an OLMoE config has the same tensor shapes but renormalises: the
+    layer would be off by ~1e-3. The block's family and its router's settings are checked."""
+    olmoe_cfg, _ = build("olmoe")
+    mixtral_cfg, mixtral = build("mixtral")
+    _, qwen3 = build("qwen3_moe")
+    _, qwen2 = build("qwen2_moe")
+    block = next(moe_blocks(mixtral))[1]
+    with pytest.raises(ValueError, match="the config is 'olmoe' .* but the block is a MixtralSparseMoeBlock"):
+        MoELayer.from_hf(block, olmoe_cfg)
+    custom = config_from_hf(olmoe_cfg).replace(family="custom")  # no family to compare: the router decides
+    with pytest.raises(ValueError, match="router has norm_topk_prob=True but the config says False"):
+        weights_from_hf(next(moe_blocks(qwen3))[1], custom)
+    with pytest.raises(ValueError, match="router has top_k=2 but the config says 3"):
+        weights_from_hf(next(moe_blocks(qwen3))[1], custom.replace(top_k=3, norm_topk_prob=True))
+    with pytest.raises(ValueError, match="has a shared expert but the config has none"):
+        weights_from_hf(next(moe_blocks(qwen2))[1], custom.replace(norm_topk_prob=True))
+    assert MoELayer.from_hf(block, mixtral_cfg).cfg.family == "mixtral"
+
+
 def test_embedded_olmoe_config_counts_like_the_transformers_model():
     """Parameter arithmetic equals the parameters of the transformers model built (on meta) from it."""
     hf_cfg = hub_config("allenai/OLMoE-1B-7B-0924", source="embedded")
@@ -157,7 +187,8 @@ def test_embedded_olmoe_config_counts_like_the_transformers_model():
         {k: OLMOE_1B_7B[k] for k in ("hidden_size", "intermediate_size", "num_experts",
                                      "num_experts_per_tok", "num_hidden_layers", "vocab_size")}
     others = [AutoConfig.for_model(f, **COMMON, **FAMILIES[f]) for f in ("mixtral", "qwen2_moe", "qwen3_moe")]
-    others += [AutoConfig.for_model(f, **COMMON, **FAMILIES[f], mlp_only_layers=[0]) for f in ("qwen2_moe", "qwen3_moe")]
+    others += [AutoConfig.for_model(f, **COMMON, **FAMILIES[f], mlp_only_layers=[0])
+               for f in ("qwen2_moe", "qwen3_moe")]
     assert model_shape_from_hf(others[-1]).dense_layers == 1
     for cfg in (hf_cfg, *others):
         with torch.device("meta"):

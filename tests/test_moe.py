@@ -4,11 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dispatch  # noqa: F401  (interpreter on before triton loads)
-from dispatch import moe as moe_mod
-from dispatch import runtime
-from dispatch.config import PRESETS, MoEConfig, random_weights
-from dispatch.moe import MoELayer, moe, pick_path
+from dispatch import PRESETS, MoEConfig, MoELayer, MoEWeights, moe, random_weights, runtime
+from dispatch.kernels.gemm_config import GemmConfig
+from dispatch.kernels.gemv import DecodeConfig
+from dispatch.moe import DECODE_MAX_TOKENS, pick_path
 from dispatch.reference import moe_reference
 
 CFGS = {
@@ -59,8 +58,11 @@ def test_auto_path_and_token_counts(T):
     assert y.shape == (T, cfg.H)
     if T:
         assert rel_err(y, moe_reference(x, cfg, w)) < 1e-5
-        want = "decode" if T <= moe_mod.DECODE_MAX_TOKENS else "triton"  # T=1, 17 decode; 70 grouped GEMM
-        assert pick_path(T, x) == (want if runtime.INTERPRET or runtime.HAS_CUDA else "torch")
+        want = "decode" if T <= DECODE_MAX_TOKENS else "triton"  # T=1, 17 decode; 70 grouped GEMM
+        assert pick_path(x) == "torch"  # CPU: the fast plain-PyTorch path; the interpreter only when asked
+        assert torch.equal(y, moe_reference(x, cfg, w))
+        if runtime.HAS_CUDA:
+            assert pick_path(x.cuda()) == want
 
 
 def test_three_d_input_and_module():
@@ -95,10 +97,79 @@ def test_from_hf_block_matches_transformers():
     assert rel_err(y, want) < 1e-5
 
 
+def test_tiles_must_match_the_chosen_path():
+    cfg = CFGS["tiny"]
+    w = random_weights(cfg, seed=0)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    gemm, dec = GemmConfig(16, 32, 32, 4, 1), DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32)
+    assert rel_err(moe(x, cfg, w, path="triton", tiles=gemm), moe_reference(x, cfg, w)) < 1e-5
+    assert rel_err(moe(x, cfg, w, path="decode", tiles=dec), moe_reference(x, cfg, w)) < 1e-5
+    for path, tiles, match in (("decode", gemm, "path='decode', got tiles=GemmConfig"),
+                               ("triton", dec, "path='triton', got tiles=DecodeConfig"),
+                               ("torch", gemm, "path='torch', got tiles="),
+                               ("auto", dec, "path='auto' chose 'torch'"),
+                               ("triton", "fast", "got tiles='fast'")):
+        with pytest.raises(ValueError, match=match):
+            moe(x, cfg, w, path=path, tiles=tiles)
+    with pytest.raises(TypeError):  # the old name is gone: it was silently ignored on the decode path
+        moe(x, cfg, w, config=gemm)
+    with pytest.raises(ValueError, match="tiles must be a GemmConfig or a DecodeConfig"):
+        MoELayer(cfg, w, tiles="fast")
+
+
+def test_cfg_and_weights_must_be_what_they_say():
+    w = random_weights(CFGS["tiny"])
+    with pytest.raises(ValueError, match="cfg must be a dispatch.MoEConfig, got str 'fast'"):
+        moe(torch.randn(2, 64), "fast", w)
+    with pytest.raises(ValueError, match="w must be a dispatch.MoEWeights"):
+        MoELayer(CFGS["tiny"], w.tensors())
+
+
+def test_torch_path_layer_is_the_reference_bit_for_bit():
+    for cfg in CFGS.values():
+        w = random_weights(cfg, seed=2)
+        x = torch.randn(2, 7, cfg.H, generator=torch.Generator().manual_seed(3))
+        assert torch.equal(MoELayer(cfg, w, path="torch")(x), moe_reference(x.view(14, -1), cfg, w).view(x.shape))
+
+
+def test_layer_validates_weights_once(monkeypatch):
+    cfg = CFGS["shared"]
+    calls = []
+    real = MoEWeights.validate
+    monkeypatch.setattr(MoEWeights, "validate", lambda self, c: calls.append(1) or real(self, c))
+    layer = MoELayer(cfg, random_weights(cfg), path="torch")
+    assert len(calls) == 1
+    for _ in range(3):
+        layer(torch.randn(3, cfg.H))
+    assert len(calls) == 1
+    layer.to(torch.float64)  # moved or cast: checked once more, then not again
+    assert len(calls) == 2 and layer.weights.gate_up_E2IH.dtype == torch.float64
+    layer(torch.randn(3, cfg.H, dtype=torch.float64))
+    moe(torch.randn(3, cfg.H), cfg, random_weights(cfg))  # the function validates on every call
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(top_k=True), "top_k must be a positive int, got True"),
+    (dict(num_experts=8.0), "num_experts must be a positive int"),
+    (dict(routed_scaling_factor=float("nan")), "routed_scaling_factor must be a finite number > 0"),
+    (dict(routed_scaling_factor=float("inf")), "routed_scaling_factor"),
+    (dict(routed_scaling_factor=-1.0), "routed_scaling_factor"),
+    (dict(routed_scaling_factor=True), "routed_scaling_factor"),
+    (dict(correction_bias=True), "correction_bias .* needs scoring='sigmoid'"),
+    (dict(norm_topk_prob=1), "norm_topk_prob must be a bool"),
+    (dict(family=3), "family must be a non-empty string"),
+    (dict(shared_intermediate_size=2.5), "shared_intermediate_size must be an int"),
+])
+def test_config_rejects_what_it_cannot_mean(kw, match):
+    with pytest.raises(ValueError, match=match):
+        MoEConfig(**{**dict(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2), **kw})
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(path="fast"), "path must be one of"),
     (dict(x=torch.randn(4, 32)), r"shape \[T, H=64\]"),
-    (dict(x=torch.randn(4, 64).double()), "dtype"),
+    (dict(x=torch.randn(4, 64).double()), "x is torch.float64 on cpu but the weights are torch.float32"),
 ])
 def test_bad_input(bad, match):
     cfg = CFGS["tiny"]
@@ -108,13 +179,12 @@ def test_bad_input(bad, match):
         moe(x, cfg, w, path=bad.get("path", "auto"))
 
 
-@pytest.mark.skipif(runtime.HAS_CUDA, reason="CPU-only behaviour")
 def test_bf16_on_cpu_goes_to_torch():
     cfg = CFGS["tiny"]
     w = random_weights(cfg, seed=0, dtype=torch.bfloat16)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(6)).bfloat16()
-    assert pick_path(5, x) == "torch"
-    with pytest.raises(ValueError, match="needs CUDA"):
+    assert pick_path(x) == "torch"
+    with pytest.raises(ValueError, match="cannot compute bfloat16 under Triton's CPU interpreter"):
         moe(x, cfg, w, path="triton")
     assert torch.equal(moe(x, cfg, w), moe_reference(x, cfg, w))
 

@@ -2,16 +2,15 @@
 shapes against a naive dense formulation y = Σ_e gate_e(x) · expert_e(x)."""
 import math
 
-import dispatch  # noqa: F401  (first: runtime decisions)
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dispatch import MoELayer
 from dispatch.config import MoEConfig, MoEWeights, random_weights
-from dispatch.reference import (ReferenceMoE, check_input, experts_reference, moe_reference, route_reference,
-                                router_logits)
+from dispatch.reference import check_input, experts_reference, moe_reference, route_reference, router_logits
 
 TINY = MoEConfig(16, 8, 4, 2)
 
@@ -104,19 +103,49 @@ def test_bad_config_and_routing_inputs():
     with pytest.raises(ValueError, match="logits must be a floating"):
         route_reference(torch.zeros(2, 4, dtype=torch.int32), TINY)
     w = random_weights(TINY)
-    with pytest.raises(ValueError, match=r"expert ids must lie in \[0, E=4\)"):
-        experts_reference(torch.zeros(1, 16), torch.ones(1, 2), torch.tensor([[0, 4]]), w.gate_up_E2IH, w.down_EHI)
-    with pytest.raises(ValueError, match=r"ids and weights must both be \[T=1, K\]"):
+    with pytest.raises(ValueError, match=r"ids_TK must hold expert ids in \[0, E=4\): 1 do not"):
+        experts_reference(torch.zeros(1, 16), torch.ones(1, 2), torch.tensor([[0, 4]]), w.gate_up_E2IH, w.down_EHI,
+                          check_ids=True)
+    with pytest.raises(ValueError, match=r"weights_TK must be a floating tensor shaped like ids_TK \(1, 2\)"):
         experts_reference(torch.zeros(1, 16), torch.ones(1, 3), torch.tensor([[0, 1]]), w.gate_up_E2IH, w.down_EHI)
-    with pytest.raises(ValueError, match=r"x must be \[T, H\] or \[B, S, H\]"):
-        ReferenceMoE(TINY, w)(torch.zeros(16))
+    with pytest.raises(ValueError, match=r"K=5 experts per token is more than the E=4"):
+        experts_reference(torch.zeros(1, 16), torch.ones(1, 5), torch.zeros(1, 5, dtype=torch.long), w.gate_up_E2IH,
+                          w.down_EHI)
+    with pytest.raises(ValueError, match=r"x must be a tensor \[T, H\] or \[B, S, H\]"):
+        MoELayer(TINY, w, path="torch")(torch.zeros(16))
+
+
+def test_reference_bad_ids_add_nothing():
+    """An id outside [0, E) contributes nothing (the same policy as every kernel path)."""
+    w = random_weights(TINY)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]])
+    wts = torch.rand(3, 2, generator=torch.Generator().manual_seed(1))
+    bad = ids.clone()
+    bad[0, 1], bad[1, 0] = 4, -1
+    y, y_bad = (experts_reference(x, wts, i, w.gate_up_E2IH, w.down_EHI) for i in (ids, bad))
+    keep = wts.clone()
+    keep[0, 1] = keep[1, 0] = 0.0
+    torch.testing.assert_close(y_bad, experts_reference(x, keep, ids, w.gate_up_E2IH, w.down_EHI))
+    torch.testing.assert_close(y_bad[2], y[2])  # (other rows share the GEMMs: equal to rounding)
+
+
+def test_reference_non_finite_token_gives_a_non_finite_row_only():
+    cfg = MoEConfig(16, 8, 4, 2, shared_intermediate_size=8)
+    w = random_weights(cfg)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    y = moe_reference(x, cfg, w)
+    x[1, 3], x[2, 0] = float("nan"), float("inf")
+    y_bad = moe_reference(x, cfg, w)
+    assert not y_bad[1].isfinite().any() and not y_bad[2].isfinite().all()
+    torch.testing.assert_close(y_bad[[0, 3]], y[[0, 3]])  # finite, equal to rounding (GEMM batch sizes change)
 
 
 @pytest.mark.parametrize("shape", [(0, 16), (0, 4, 16), (2, 0, 16)])
 def test_empty_batch_gives_empty_output(shape):
     for cfg in (TINY, MoEConfig(16, 8, 4, 2, scoring="sigmoid", n_group=2, topk_group=1, correction_bias=True,
                                 shared_intermediate_size=8)):
-        y = ReferenceMoE(cfg, random_weights(cfg))(torch.zeros(shape))
+        y = MoELayer(cfg, random_weights(cfg), path="torch")(torch.zeros(shape))
         assert y.shape == shape and y.dtype == torch.float32
 
 
@@ -186,7 +215,7 @@ def test_random_layers_match_the_dense_formulation(case):
 def test_reference_module_accepts_batched_input_and_keeps_weights():
     cfg = MoEConfig(16, 8, 4, 2, shared_intermediate_size=8, shared_gate=True)
     w = random_weights(cfg, seed=1)
-    layer = ReferenceMoE(cfg, w)
+    layer = MoELayer(cfg, w, path="torch")
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(2))
     assert torch.equal(layer(x), moe_reference(x.view(10, 16), cfg, w).view(2, 5, 16))
     assert sorted(dict(layer.named_buffers())) == sorted(w.tensors())

@@ -16,7 +16,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import dispatch  # noqa: F401  (interpreter on before triton loads)
 from dispatch.config import PRESETS, MoEConfig
 from dispatch.kernels.routing import route, route_torch
 from dispatch.reference import route_reference
@@ -178,6 +177,46 @@ def test_bad_inputs_raise(bad, match):
         route(logits, cfg, bias)
 
 
+def assert_non_finite_rows_routed_like_the_reference(cfg, logits, bias, bad_rows):
+    """Non-finite tokens: K valid, distinct ids and weights whose finiteness matches the reference's
+    (NaN scores → NaN weights; sigmoid(±inf) is finite); every other token exactly as before."""
+    w, ids = route(logits, cfg, bias)
+    w_ref, _ = route_reference(logits, cfg, bias)
+    E, K = cfg.num_experts, cfg.top_k
+    assert ((ids >= 0) & (ids < E)).all(), ids
+    assert all(len(set(row)) == K for row in ids.tolist()), "ids of a token must be distinct"
+    assert torch.equal(w.isnan(), w_ref.isnan())
+    good = [t for t in range(logits.shape[0]) if t not in bad_rows]
+    w_ok, ids_ok = route(logits[good], cfg, bias)
+    assert torch.equal(w[good], w_ok) and torch.equal(ids[good], ids_ok)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_non_finite_tokens_get_valid_distinct_ids(family):
+    cfg = FAMILIES[family]
+    logits, bias = make_case(cfg, 9, seed=11)
+    logits[1] = float("nan")  # the whole row
+    logits[3, 2] = float("nan")  # one entry
+    logits[4, 0] = float("inf")
+    logits[6, :] = float("-inf")
+    logits[7, 1] = float("-inf")  # a finite routing: that expert is never chosen
+    assert_non_finite_rows_routed_like_the_reference(cfg, logits, bias, bad_rows={1, 3, 4, 6, 7})
+    w, _ = route(logits, cfg, bias)
+    if cfg.scoring == "softmax":
+        assert w[[1, 3, 4, 6]].isnan().all() and w[7].isfinite().all()
+
+
+@given(st.sampled_from(sorted(FAMILIES)), st.integers(1, 40), st.data())
+def test_random_non_finite_tokens(family, T, data):
+    cfg = FAMILIES[family]
+    logits, bias = make_case(cfg, T, seed=data.draw(st.integers(0, 2**16)))
+    bad = data.draw(st.sets(st.integers(0, T - 1), max_size=T))
+    for t in bad:
+        e = data.draw(st.integers(0, cfg.num_experts - 1))
+        logits[t, e] = data.draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+    assert_non_finite_rows_routed_like_the_reference(cfg, logits, bias, bad)
+
+
 def test_twin_is_the_reference_with_int32_ids():
     cfg = FAMILIES["deepseek_v3"]
     logits, bias = make_case(cfg, 8, seed=6)
@@ -224,6 +263,23 @@ def test_gpu_non_contiguous_and_fp16():
     cfg = PRESETS["qwen3-30b-a3b"]
     logits, _ = make_case(cfg, 1000, seed=8, dtype=torch.float16, device="cuda", transpose=True)
     assert_matches_up_to_near_ties(cfg, logits, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["olmoe-1b-7b", "deepseek-v3"])
+def test_gpu_non_finite_tokens(preset):
+    cfg = PRESETS[preset]
+    logits, bias = make_case(cfg, 300, seed=10, dtype=torch.bfloat16, device="cuda")
+    logits[5] = float("nan")
+    logits[17, 3] = float("inf")
+    logits[200, 0] = float("nan")
+    w, ids = route(logits, cfg, bias)
+    assert ((ids >= 0) & (ids < cfg.num_experts)).all()
+    assert all(len(set(row)) == cfg.top_k for row in ids.tolist())
+    assert torch.equal(w.isnan(), route_reference(logits, cfg, bias)[0].isnan())
+    good = [t for t in range(300) if t not in (5, 17, 200)]
+    w_ok, ids_ok = route(logits[good], cfg, bias)
+    assert torch.equal(w[good], w_ok) and torch.equal(ids[good], ids_ok)
 
 
 @pytest.mark.gpu

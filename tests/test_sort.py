@@ -13,7 +13,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import dispatch  # noqa: F401  (interpreter on before triton loads)
 from dispatch.kernels.sort import SortedRoutes, sort_by_expert, sort_by_expert_torch, static_sizes
 
 FIELDS = ["sorted_rows_P", "block_expert_B", "slot_of_N", "counts_E", "offsets_E1", "num_blocks_1"]
@@ -28,8 +27,10 @@ def python_sort(ids_TK, E, block_m) -> dict[str, list[int]]:
     offsets = [0]
     for c in counts:
         offsets.append(offsets[-1] + -(-c // block_m) * block_m)
-    sorted_rows, slot_of, fill = [N] * P, [0] * N, list(offsets[:-1])
+    sorted_rows, slot_of, fill = [N] * P, [P] * N, list(offsets[:-1])  # a bad id keeps slot P
     for n, e in enumerate(ids):  # n order → stable
+        if not 0 <= e < E:
+            continue
         sorted_rows[fill[e]], slot_of[n] = n, fill[e]
         fill[e] += 1
     block_expert = [-1] * B
@@ -148,17 +149,36 @@ def test_bitwise_repeatable():
     ((torch.zeros(4, 2, dtype=torch.long), 4, 8), "power of two >= 16"),
     ((torch.zeros(4, 2, dtype=torch.long), 4, 24), "power of two >= 16"),
     ((torch.zeros(4, 0, dtype=torch.long), 4, 16), "K >= 1"),
-    ((torch.tensor([[0, 4]]), 4, 16), r"\[0, 4\)"),
-    ((torch.tensor([[-1, 2]]), 4, 16), r"\[0, 4\)"),
 ])
 def test_bad_inputs_raise(args, match):
     with pytest.raises(ValueError, match=match):
         sort_by_expert(*args)
 
 
-def test_check_false_skips_the_value_check():
-    ids = torch.tensor([[0, 1]])
-    assert_same(sort_by_expert(ids, 2, 16, check=False), sort_by_expert_torch(ids, 2, 16))
+@pytest.mark.parametrize("ids", [[[0, 4]], [[-1, 2]]])
+def test_check_ids_raises_naming_the_id(ids):
+    for sort in (sort_by_expert, sort_by_expert_torch):
+        with pytest.raises(ValueError, match=r"ids_TK must hold expert ids in \[0, E=4\): 1 do not"):
+            sort(torch.tensor(ids), 4, 16, check_ids=True)
+
+
+def test_bad_ids_are_placed_in_no_block():
+    """Ids outside [0, E) (-1, E, BLOCK_E, and 2**32, which an int32 cast would read as 0) get no
+    slot (slot_of_N = P), are counted nowhere and never overwrite another row's slot."""
+    ids = torch.tensor([[2, 0], [-1, 3], [4, 0], [8, 2], [2**32, 1]])
+    r = check_all(ids, 4, 16)
+    P = r.sorted_rows_P.numel()
+    assert r.slot_of_N.tolist()[2] == r.slot_of_N.tolist()[4] == r.slot_of_N.tolist()[6] == P
+    assert r.slot_of_N.tolist()[8] == P and r.counts_E.tolist() == [2, 1, 2, 1]
+    assert sorted(r.sorted_rows_P[r.sorted_rows_P < 10].tolist()) == [0, 1, 3, 5, 7, 9]
+
+
+@given(st.integers(1, 40), st.integers(1, 4), st.integers(1, 9), st.sampled_from([16, 32]), st.data())
+def test_random_bad_ids_match_the_loop(T, K, E, block_m, data):
+    K = min(K, E)
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    ids = torch.randint(-2, E + 3, (T, K), generator=g)  # ~30% out of range
+    check_all(ids.to(data.draw(st.sampled_from([torch.int32, torch.int64]))), E, block_m)
 
 
 # ---------------------------------------------------------------- GPU: compiled kernels
@@ -180,6 +200,18 @@ def test_gpu_matches_twin(T, K, E, block_m):
     assert_same(sort_by_expert(ids, E, block_m), sort_by_expert_torch(ids, E, block_m))
     one = torch.full((T, 1), E - 1, dtype=torch.int32, device="cuda")  # every row to one expert
     assert_same(sort_by_expert(one, E, block_m), sort_by_expert_torch(one, E, block_m))
+
+
+@pytest.mark.gpu
+def test_gpu_bad_ids_match_twin():
+    ids = serving_ids(4099, 8, 64, seed=5)
+    ids[::7, 3] = -1
+    ids[::5, 0] = 64
+    ids[::11, 7] = 1000
+    for block_m in (16, 64, 128):
+        r = sort_by_expert(ids, 64, block_m)
+        assert_same(r, sort_by_expert_torch(ids, 64, block_m))
+        assert (r.slot_of_N.view(4099, 8)[::7, 3] == r.sorted_rows_P.numel()).all()
 
 
 @pytest.mark.gpu

@@ -1,8 +1,12 @@
-"""Deterministic combine: y_TH[t] = Σ_{k=0..K-1} out_NH[t·K + k], in k order, fp32, one cast.
+"""The one k-order combine: y_TH[t] = Σ_{k=0..K-1} out_NH[t·K + k], in k order, fp32, one cast.
 
-No atomics and no scatter: token t reads its K routed rows (contiguous, rows t·K .. t·K+K-1) and
-adds them in a fixed order, so the result is bitwise the same run to run. The torch twin performs
-the very same fp32 additions in the same order, so the two agree bit for bit.
+Used by the grouped path, the decode path and expert parallelism. No atomics and no scatter:
+token t reads its K routed rows (rows t·K .. t·K+K-1) and adds them in a fixed order from a zero
+fp32 accumulator, so the result is bitwise the same run to run. The torch twin performs the very
+same fp32 additions in the same order, so the two agree bit for bit.
+
+With ``ids_TK`` and ``num_experts`` given, a row whose expert id lies outside [0, E) adds nothing:
+its value is never used (it may be unwritten memory), selected away rather than multiplied by 0.
 
 Example: K = 2, out_NH rows [a0, a1, b0, b1] → y_TH rows [a0 + a1, b0 + b1].
 """
@@ -11,45 +15,92 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import custom_op
 
-from dispatch import runtime
+from dispatch.kernels.checks import check_launch, check_tensor, no_backward, via_op
 
 
 @triton.jit
-def _combine_kernel(out_ptr, y_ptr, H, s_on, s_oh, s_yt, s_yh, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _combine_kernel(out_ptr, ids_ptr, y_ptr, H, E, s_on, s_oh, s_it, s_ik, s_yt, s_yh,
+                    TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for k in tl.static_range(TOP_K):  # fixed k order
-        acc += tl.load(out_ptr + (t * TOP_K + k) * s_on + offs * s_oh, mask=mask, other=0.0).to(tl.float32)
+        row = tl.load(out_ptr + (t * TOP_K + k) * s_on + offs * s_oh, mask=mask, other=0.0).to(tl.float32)
+        if HAS_IDS:
+            e = tl.load(ids_ptr + t * s_it + k * s_ik)
+            row = tl.where((e >= 0) & (e < E), row, 0.0)  # select, never multiply: the row may be garbage
+        acc += row
     tl.store(y_ptr + t * s_yt + offs * s_yh, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def combine(out_NH: torch.Tensor, K: int) -> torch.Tensor:
-    """out_NH [N = T·K, H] (row n = t·K + k) → y_TH [T, H] in out's dtype."""
-    if not isinstance(K, int) or K < 1:
+def _check_combine(out_NH, K, ids_TK, num_experts):
+    check_tensor("out_NH", out_NH, dims=2)
+    if not isinstance(K, int) or isinstance(K, bool) or K < 1:
         raise ValueError(f"K must be a positive int, got {K!r}")
-    if out_NH.dim() != 2 or out_NH.shape[0] % K:
-        raise ValueError(f"out must be [N, H] with N a multiple of K={K}, got {tuple(out_NH.shape)}")
+    if out_NH.shape[0] % K:
+        raise ValueError(f"out_NH must be [N, H] with N a multiple of K={K}, got {tuple(out_NH.shape)}")
+    if (ids_TK is None) != (num_experts is None):
+        raise ValueError("pass ids_TK and num_experts together (to drop rows with ids outside [0, E)), or neither")
+    if ids_TK is not None:
+        check_tensor("ids_TK", ids_TK, dims=2)
+        if tuple(ids_TK.shape) != (out_NH.shape[0] // K, K) or ids_TK.device != out_NH.device:
+            raise ValueError(f"ids_TK must be [T={out_NH.shape[0] // K}, K={K}] on {out_NH.device}, got "
+                             f"{tuple(ids_TK.shape)} on {ids_TK.device}")
+
+
+def combine(out_NH: torch.Tensor, K: int, *, ids_TK: torch.Tensor | None = None, num_experts: int | None = None,
+            dtype: torch.dtype | None = None) -> torch.Tensor:
+    """out_NH [N = T·K, H] (row n = t·K + k) → y_TH [T, H] in ``dtype`` (default: out's dtype).
+
+    ``ids_TK`` [T, K] and ``num_experts`` E: rows with an id outside [0, E) add nothing.
+    """
+    _check_combine(out_NH, K, ids_TK, num_experts)
+    check_launch("combine", out_NH)
+    op = torch.ops.dispatch.combine if via_op(out_NH) else combine_impl
+    return op(out_NH, K, ids_TK, num_experts or 0, dtype or out_NH.dtype)
+
+
+def combine_impl(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The launch behind :func:`combine` (inputs already checked; ``ids_TK`` None: no masking)."""
     N, H = out_NH.shape
     T = N // K
-    y_TH = torch.empty(T, H, device=out_NH.device, dtype=out_NH.dtype)
-    if T == 0:
+    y_TH = torch.empty(T, H, device=out_NH.device, dtype=dtype)
+    if T == 0 or H == 0:
         return y_TH
-    if not runtime.triton_ok(out_NH):
-        return combine_torch(out_NH, K)
     block_h = min(1024, triton.next_power_of_2(H))
-    _combine_kernel[(T, triton.cdiv(H, block_h))](out_NH, y_TH, H, *out_NH.stride(), *y_TH.stride(),
-                                                  TOP_K=K, BLOCK_H=block_h, num_warps=4)
+    s_it, s_ik = ids_TK.stride() if ids_TK is not None else (0, 0)
+    _combine_kernel[(T, triton.cdiv(H, block_h))](
+        out_NH, ids_TK if ids_TK is not None else out_NH, y_TH, H, E, *out_NH.stride(), s_it, s_ik,
+        *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4)
     return y_TH
 
 
-def combine_torch(out_NH: torch.Tensor, K: int) -> torch.Tensor:
+_combine_op = custom_op("dispatch::combine", combine_impl, mutates_args=())
+
+
+@_combine_op.register_fake
+def _(out_NH, K, ids_TK, E, dtype):
+    return out_NH.new_empty(out_NH.shape[0] // K, out_NH.shape[1], dtype=dtype)
+
+
+no_backward(_combine_op, "dispatch.kernels.combine.combine")
+
+
+def combine_torch(out_NH: torch.Tensor, K: int, *, ids_TK: torch.Tensor | None = None,
+                  num_experts: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The twin: the same fp32 additions in the same k order (bitwise equal to the kernel)."""
+    _check_combine(out_NH, K, ids_TK, num_experts)
     N, H = out_NH.shape
     out_TKH = out_NH.view(N // K, K, H)
     acc_TH = torch.zeros(N // K, H, device=out_NH.device, dtype=torch.float32)
     for k in range(K):
-        acc_TH = acc_TH + out_TKH[:, k].float()
-    return acc_TH.to(out_NH.dtype)
+        row_TH = out_TKH[:, k].float()
+        if ids_TK is not None:
+            ok_T1 = ((ids_TK[:, k] >= 0) & (ids_TK[:, k] < num_experts))[:, None]
+            row_TH = torch.where(ok_T1, row_TH, 0.0)
+        acc_TH = acc_TH + row_TH
+    return acc_TH.to(dtype or out_NH.dtype)

@@ -12,10 +12,11 @@ So the kernels below
 3. apply a tile to all of its expert's rows at once (``tl.dot`` on ``block_m`` = 16 padded rows),
    with the whole reduction (over H for gate/up, over I for down) inside one program — no split-K
    partial sums to reduce;
-4. sum each token's K weighted rows in a third small kernel, in fixed k order in fp32, cast once.
+4. sum each token's K weighted rows with the one k-order combine (fp32, cast once; rows with an id
+   outside [0, E) were never written and are selected away).
 
     x_TH ─┐                       h_NI (x dtype)              out_NH (fp32, weighted)
-    ids ──┴─ _up_swiglu_kernel ──► rows × I ─ _down_kernel ──► rows × H ─ _combine_kernel ─► y_TH
+    ids ──┴─ _up_swiglu_kernel ──► rows × I ─ _down_kernel ──► rows × H ─ combine ─► y_TH
             grid (slots, P_up)               grid (slots, P_down)         grid (T, H/block_c)
     slots = min(E, T·K); P = min(tiles, ceil(programs / slots)); program (s, p) does tiles p, p+P, ...
 
@@ -24,15 +25,18 @@ Plain-PyTorch twin: :func:`moe_decode_torch`; naive per-token loop: :func:`decod
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 
 import torch
 import torch.nn.functional as F
-
-from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
 import triton
+from torch.library import custom_op
 
-from dispatch.kernels.gemv_kernels import _combine_kernel, _down_kernel, _up_swiglu_kernel
+from dispatch import runtime
+from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
+from dispatch.kernels.combine import combine_impl, combine_torch
+from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
+from dispatch.reference import swiglu, swiglu_expert
 
 
 @dataclass(frozen=True)
@@ -75,13 +79,13 @@ INTERPRETER = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, blo
 def default_config(T: int, K: int, E: int, H: int, I: int, device: torch.device) -> DecodeConfig:  # noqa: E741
     """The launch config ``moe_decode`` uses for these sizes (small tiles under the interpreter).
 
-    ``MANY_EXPERTS`` once min(E, T·K) experts × I/64 tiles reach 4 waves of 132 SMs, else
+    ``MANY_EXPERTS`` once min(E, T·K) experts × I/64 tiles reach 4 waves of the device's SMs, else
     ``FEW_EXPERTS``; block_m covers about twice the mean rows per expert (T·K/E), so one tl.dot
     pass usually takes all of an expert's rows and its weights are streamed once.
     """
     if device.type != "cuda":
         return INTERPRETER
-    base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * 132 else FEW_EXPERTS
+    base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * runtime.num_sms(device) else FEW_EXPERTS
     block_m = min(64, max(16, triton.next_power_of_2(-(-2 * T * K // E))))
     return fit_shared(replace(base, block_m=block_m), runtime.max_shared_bytes(device))
 
@@ -108,68 +112,37 @@ def fit_shared(cfg: DecodeConfig, limit: int) -> DecodeConfig:
     return cfg
 
 
-def check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> tuple[int, int, int, int, int]:
-    """Raise ValueError unless the inputs form one decode call; return (T, K, E, H, I)."""
-    named = {"x_TH": x_TH, "weights_TK": weights_TK, "ids_TK": ids_TK,
-             "gate_up_E2IH": gate_up_E2IH, "down_EHI": down_EHI}
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if x_TH.dim() != 2 or not x_TH.is_floating_point():
-        raise ValueError(f"x_TH must be a floating [T, H] tensor, got {x_TH.dtype} {tuple(x_TH.shape)}")
-    T, H = x_TH.shape
-    if gate_up_E2IH.dim() != 3 or down_EHI.dim() != 3:
-        raise ValueError(f"gate_up_E2IH must be [E, 2I, H] and down_EHI [E, H, I], got "
-                         f"{tuple(gate_up_E2IH.shape)} and {tuple(down_EHI.shape)}")
-    E, I2, Hg = gate_up_E2IH.shape
-    I = I2 // 2  # noqa: E741
-    if I2 % 2 or Hg != H or tuple(down_EHI.shape) != (E, H, I) or I < 1:
-        raise ValueError(f"with x_TH [T, H={H}] expected gate_up_E2IH [E, 2I, {H}] and down_EHI [E, {H}, I], "
-                         f"got {tuple(gate_up_E2IH.shape)} and {tuple(down_EHI.shape)}")
-    if ids_TK.dim() != 2 or ids_TK.shape[0] != T or ids_TK.shape[1] < 1:
-        raise ValueError(f"ids_TK must be [T={T}, K>=1], got {tuple(ids_TK.shape)}")
-    if ids_TK.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"ids_TK must be int32 or int64, got {ids_TK.dtype}")
-    if tuple(weights_TK.shape) != tuple(ids_TK.shape) or not weights_TK.is_floating_point():
-        raise ValueError(f"weights_TK must be a floating tensor shaped like ids_TK {tuple(ids_TK.shape)}, "
-                         f"got {weights_TK.dtype} {tuple(weights_TK.shape)}")
-    if not (x_TH.dtype == gate_up_E2IH.dtype == down_EHI.dtype):
-        raise ValueError(f"x_TH, gate_up_E2IH and down_EHI must share one dtype, got "
-                         f"{x_TH.dtype}, {gate_up_E2IH.dtype}, {down_EHI.dtype}")
-    devices = {t.device for t in named.values()}
-    if len(devices) > 1:
-        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
-    if not runtime.triton_ok(x_TH):
-        raise ValueError(f"Triton cannot run on {x_TH.device} here (CUDA, or CPU under TRITON_INTERPRET=1)")
-    if x_TH.device.type == "cpu" and x_TH.dtype == torch.bfloat16:
-        raise ValueError("bf16 is not supported under Triton's CPU interpreter; use float32 or float16 on CPU")
-    return T, ids_TK.shape[1], E, H, I
-
-
 def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: DecodeConfig | None = None,
-               check_ids: bool | None = None) -> torch.Tensor:
+               check_ids: bool = False) -> torch.Tensor:
     """The routed experts for a few tokens: y_TH = Σ_k weights_TK[t,k] · expert_{ids_TK[t,k]}(x_t).
 
     Same meaning as :func:`dispatch.reference.experts_reference`. Three launches, no host sync
-    (CUDA-graph capturable): up+SwiGLU → down × weight → combine (fixed k order, fp32, cast once).
+    (CUDA-graph capturable): up+SwiGLU → down × weight → the k-order combine (fp32, cast once).
+    Registered as ``torch.ops.dispatch.moe_decode`` (``torch.compile`` keeps it whole; no backward).
 
     Args:
-        x_TH: [T, H] activations (copied if its last dim is not contiguous). weights_TK: [T, K] float. ids_TK: [T, K] int32/int64.
+        x_TH: [T, H] activations (copied if its last dim is not contiguous).
+        weights_TK: [T, K] float. ids_TK: [T, K] int32/int64, 1 <= K <= E.
         gate_up_E2IH: [E, 2I, H], down_EHI: [E, H, I] (copied if their last dim is not contiguous).
         config: tile sizes (default: :func:`default_config`).
-        check_ids: verify 0 <= ids < E before launching (one host sync). Default: on CPU only; on a
-            GPU ids come from the router kernel, and a row with an id outside [0, E) adds nothing.
+        check_ids: refuse ids outside [0, E) (one host sync); by default such rows add nothing.
     Returns: y_TH [T, H] in x's dtype.
     """
-    T, K, E, H, I = check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
-    if check_ids is None:
-        check_ids = x_TH.device.type == "cpu"
-    if check_ids and T and not bool(((ids_TK >= 0) & (ids_TK < E)).all()):
-        raise ValueError(f"ids_TK must hold expert ids in [0, {E}), got min {int(ids_TK.min())} max {int(ids_TK.max())}")
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
+    check_launch("moe_decode", x_TH)
     cfg = config or default_config(T, K, E, H, I, x_TH.device)
-    y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
+    op = torch.ops.dispatch.moe_decode if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_decode_impl
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, list(astuple(cfg)))
+
+
+def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
+                   down_EHI: torch.Tensor, tiles: list[int]) -> torch.Tensor:
+    (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
+    cfg = DecodeConfig(*tiles)
     if T == 0:
-        return y_TH
+        return x_TH.new_empty(0, H)
     if x_TH.stride(1) != 1:  # the kernels read x, and the weights, along a contiguous last dim
         x_TH = x_TH.contiguous()
     if gate_up_E2IH.stride(-1) != 1:
@@ -194,10 +167,19 @@ def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Deco
         down_EHI.stride(0), down_EHI.stride(1), h_NI.stride(0), out_NH.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-    _combine_kernel[(T, triton.cdiv(H, cfg.block_c))](
-        out_NH, ids_TK, y_TH, K, E, H, ids_TK.stride(0), ids_TK.stride(1), out_NH.stride(0), y_TH.stride(0),
-        BLOCK_C=cfg.block_c, num_warps=4)
-    return y_TH
+    # rows with an id outside [0, E) were never written: the combine selects them away
+    return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype)
+
+
+_moe_decode_op = custom_op("dispatch::moe_decode", _moe_decode_impl, mutates_args=())
+
+
+@_moe_decode_op.register_fake
+def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tiles):
+    return torch.empty_like(x_TH)
+
+
+no_backward(_moe_decode_op, "dispatch.kernels.gemv.moe_decode")
 
 
 def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.Tensor:
@@ -206,7 +188,7 @@ def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.
     Rows grouped by expert (each used expert's weights read once); products accumulated in fp32;
     h rounded to x's dtype; weighted rows kept in fp32 and summed over k in order, cast once.
     """
-    T, K, E, H, I = check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
     ids_N = ids_TK.reshape(-1)
     out_NH = torch.zeros(T * K, H, dtype=torch.float32, device=x_TH.device)
     for e in torch.unique(ids_N).tolist():
@@ -214,27 +196,25 @@ def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.
             continue  # such rows add nothing, as in the kernel
         rows = torch.nonzero(ids_N == e).flatten()
         x_MH = x_TH[rows // K].float()
-        gate_MI, up_MI = F.linear(x_MH, gate_up_E2IH[e].float()).chunk(2, dim=-1)
-        h_MI = (F.silu(gate_MI) * up_MI).to(x_TH.dtype).float()
+        h_MI = swiglu(F.linear(x_MH, gate_up_E2IH[e].float())).to(x_TH.dtype).float()
         out_NH[rows] = F.linear(h_MI, down_EHI[e].float()) * weights_TK.reshape(-1)[rows, None].float()
-    y_TH = torch.zeros(T, H, dtype=torch.float32, device=x_TH.device)
-    for k in range(K):  # fixed k order
-        y_TH += out_NH.view(T, K, H)[:, k]
-    return y_TH.to(x_TH.dtype)
+    return combine_torch(out_NH, K, ids_TK=ids_TK, num_experts=E, dtype=x_TH.dtype)
 
 
 def decode_loop_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.Tensor:
     """The naive decode step: for every token, for every k, run its expert on that one row.
 
     Reads an expert's weights once per (token, k) that chose it: T·K expert-sized reads.
+    Ids outside [0, E) add nothing.
     """
-    T, K, E, H, I = check_decode_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
     y_TH = torch.zeros(T, H, dtype=torch.float32, device=x_TH.device)
     for t in range(T):
         for k in range(K):
             e = int(ids_TK[t, k])
-            gate, up = F.linear(x_TH[t:t + 1], gate_up_E2IH[e]).chunk(2, dim=-1)
-            y_TH[t] += (F.linear(F.silu(gate) * up, down_EHI[e])[0] * weights_TK[t, k]).float()
+            if not 0 <= e < E:
+                continue
+            y_TH[t] += (swiglu_expert(x_TH[t:t + 1], gate_up_E2IH[e], down_EHI[e])[0] * weights_TK[t, k]).float()
     return y_TH.to(x_TH.dtype)
 
 

@@ -4,7 +4,6 @@ Grouping by expert happens inside the kernels: program ``slot`` finds the slot-t
 present in ``ids_TK`` (``_slot_expert``) and the routed rows n = t·K + k sent to it, ascending
 (``_rows_of_expert``) — no sort launch and no host sync, so a decode step is three launches.
 """
-from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
 import triton
 import triton.language as tl
 
@@ -104,18 +103,3 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, out_ptr, N, K, E, H, I,
                 acc = tl.dot(h_MI, d_IO, acc)
             out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
             tl.store(out, acc * w_M[:, None], mask=valid_M[:, None] & mask_o[None, :])
-
-
-@triton.jit
-def _combine_kernel(out_ptr, ids_ptr, y_ptr, K, E, H, s_it, s_ik, s_on, s_yt, BLOCK_C: tl.constexpr):
-    """y_TH[t] = Σ_k out_NH[t·K + k] in k order, fp32, cast once; rows with an id outside [0, E) add 0."""
-    t = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = offs < H
-    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for k in range(0, K):
-        e = tl.load(ids_ptr + t * s_it + k * s_ik)
-        ok = (e >= 0) & (e < E)
-        row = tl.load(out_ptr + (t * K + k).to(tl.int64) * s_on + offs, mask=mask, other=0.0)
-        acc += tl.where(ok, row, 0.0)  # an unused row holds garbage: select, never multiply
-    tl.store(y_ptr + t.to(tl.int64) * s_yt + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)

@@ -13,15 +13,20 @@ rows in k order (fp32, one cast): no atomics anywhere, so results are bitwise re
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
+from torch.library import custom_op
 
 from dispatch import runtime
 from dispatch.kernels import gemm_config as gc
-from dispatch.kernels.combine import combine, combine_torch  # noqa: F401  (re-exported)
+from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
+from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.sort import sort_by_expert
+from dispatch.reference import swiglu
 
 
 @triton.jit
@@ -168,6 +173,7 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH: torch.Tensor, *,
         raise ValueError(f"gate_up must be [E, 2I, H={H}], got {tuple(gate_up_E2IH.shape)}")
     if gate_up_E2IH.dtype != x_TH.dtype:
         raise ValueError(f"x is {x_TH.dtype} but gate_up is {gate_up_E2IH.dtype}")
+    check_launch("grouped_up_swiglu", x_TH)
     if routes.num_tokens != T or routes.num_experts != E:
         raise ValueError(f"routes were sorted for T={routes.num_tokens} tokens and E={routes.num_experts} experts, "
                          f"but x has T={T} and gate_up E={E}")
@@ -199,6 +205,7 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI: torch.Tensor, weights_TK:
         raise ValueError(f"down must be [E, H, I={I}], got {tuple(down_EHI.shape)}")
     if down_EHI.dtype != h_PI.dtype:
         raise ValueError(f"h is {h_PI.dtype} but down is {down_EHI.dtype}")
+    check_launch("grouped_down", h_PI)
     if P != routes.sorted_rows_P.numel() or E != routes.num_experts:
         raise ValueError(f"routes have P={routes.sorted_rows_P.numel()} slots and E={routes.num_experts} experts, "
                          f"but h has {P} rows and down E={E}")
@@ -215,80 +222,84 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI: torch.Tensor, weights_TK:
     return out_NH
 
 
-def check_experts_input(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> None:
-    """Raise ValueError naming what was expected, before any kernel runs."""
-    for name, t in (("x", x_TH), ("weights", weights_TK), ("ids", ids_TK), ("gate_up", gate_up_E2IH),
-                    ("down", down_EHI)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if x_TH.dim() != 2 or not x_TH.is_floating_point():
-        raise ValueError(f"x must be a floating [T, H] tensor, got {tuple(x_TH.shape)} {x_TH.dtype}")
-    T, H = x_TH.shape
-    if gate_up_E2IH.dim() != 3 or gate_up_E2IH.shape[2] != H or gate_up_E2IH.shape[1] % 2:
-        raise ValueError(f"gate_up must be [E, 2I, H={H}], got {tuple(gate_up_E2IH.shape)}")
-    E, I = gate_up_E2IH.shape[0], gate_up_E2IH.shape[1] // 2
-    if tuple(down_EHI.shape) != (E, H, I):
-        raise ValueError(f"down must be [E={E}, H={H}, I={I}], got {tuple(down_EHI.shape)}")
-    if ids_TK.dim() != 2 or ids_TK.shape[0] != T or ids_TK.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"ids must be an int32/int64 [T={T}, K] tensor, got {tuple(ids_TK.shape)} {ids_TK.dtype}")
-    if tuple(weights_TK.shape) != tuple(ids_TK.shape) or not weights_TK.is_floating_point():
-        raise ValueError(f"weights must be a floating tensor shaped like ids {tuple(ids_TK.shape)}, "
-                         f"got {tuple(weights_TK.shape)} {weights_TK.dtype}")
-    if ids_TK.shape[1] > E:
-        raise ValueError(f"top_k={ids_TK.shape[1]} is larger than the number of experts E={E}")
-    if gate_up_E2IH.dtype != x_TH.dtype or down_EHI.dtype != x_TH.dtype:
-        raise ValueError(f"x, gate_up and down must share one dtype, got {x_TH.dtype}, {gate_up_E2IH.dtype}, "
-                         f"{down_EHI.dtype}")
-    devs = {t.device for t in (x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)}
-    if len(devs) > 1:
-        raise ValueError(f"all tensors must be on one device, got {devs}")
-    if ids_TK.device.type == "cpu" and ids_TK.numel() and (int(ids_TK.min()) < 0 or int(ids_TK.max()) >= E):
-        raise ValueError(f"ids must lie in [0, E={E}), got [{int(ids_TK.min())}, {int(ids_TK.max())}]")
-
-
-def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: GemmConfig | None = None):
+def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: GemmConfig | None = None,
+                check_ids: bool = False) -> torch.Tensor:
     """The routed experts: sort → grouped up+SwiGLU → grouped down×weight → combine.  → y_TH [T, H].
 
     Same math as ``reference.experts_reference``; fp32 accumulation everywhere, a token's K
     contributions summed in k order. ``config`` pins all tile sizes (rows then do not depend on
-    each other: bitwise the same whether computed alone or in a batch).
+    each other: bitwise the same whether computed alone or in a batch). Ids outside [0, E) add
+    nothing (``check_ids=True``: raise instead, one host sync); see :mod:`dispatch.kernels.checks`.
+    Registered as ``torch.ops.dispatch.moe_experts`` (``torch.compile`` keeps it whole; no backward).
     """
-    check_experts_input(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
-    T, H = x_TH.shape
-    K = ids_TK.shape[1]
+    check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
+    if config is not None and not isinstance(config, GemmConfig):
+        raise ValueError(f"config must be a GemmConfig (tiles of the grouped GEMM), got {type(config).__name__}")
+    check_launch("moe_experts", x_TH)
+    tiles = list(dataclasses.astuple(config)) if config is not None else None
+    op = torch.ops.dispatch.moe_experts if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_experts_impl
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tiles)
+
+
+def _moe_experts_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
+                    down_EHI: torch.Tensor, tiles: list[int] | None) -> torch.Tensor:
+    (T, H), (K, E) = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0])
     if T == 0:
         return x_TH.new_zeros(0, H)
-    if not runtime.triton_ok(x_TH):
-        raise ValueError(f"Triton cannot run on {x_TH.device} here (no CUDA and the interpreter is off)")
-    E = gate_up_E2IH.shape[0]
+    config = GemmConfig(*tiles) if tiles is not None else None
     bm = config.block_m if config else gc.pick_block_m(T * K, E, x_TH.device)
     routes = sort_by_expert(ids_TK, E, bm)
     h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=config)
     out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=config)
-    return combine(out_NH, K)
+    return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)
+
+
+_moe_experts_op = custom_op("dispatch::moe_experts", _moe_experts_impl, mutates_args=())
+
+
+@_moe_experts_op.register_fake
+def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tiles):
+    return torch.empty_like(x_TH)
+
+
+no_backward(_moe_experts_op, "dispatch.kernels.grouped_gemm.moe_experts")
 
 
 # ---- plain-PyTorch twins (what the kernels compute, slot by slot) ----
 
 def grouped_up_swiglu_torch(x_TH, routes, gate_up_E2IH) -> torch.Tensor:
-    """Twin of :func:`grouped_up_swiglu`: h_PI with padding slots (and unused blocks) zero."""
+    """Twin of :func:`grouped_up_swiglu`: h_PI with padding slots (and unused blocks) zero.
+
+    One expert at a time (its weights used in place, never copied per row): fp32 products,
+    SwiGLU in fp32, one rounding to x's dtype, as the kernel does.
+    """
     T, H = x_TH.shape
     N, P, B = routes.slot_of_N.numel(), routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
     I = gate_up_E2IH.shape[1] // 2
+    h_PI = x_TH.new_zeros(P, I)
     rows_P = routes.sorted_rows_P.long()
     e_P = routes.block_expert_B.long().repeat_interleave(P // B)
     valid_P = (rows_P < N) & (e_P >= 0)
-    h_PI = x_TH.new_zeros(P, I)
-    xs = x_TH[rows_P[valid_P] // (N // T)].float()
-    gu = torch.einsum("mh,mnh->mn", xs, gate_up_E2IH[e_P[valid_P]].float())
-    h_PI[valid_P] = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(x_TH.dtype)
+    for e in torch.unique(e_P[valid_P]).tolist():
+        slots = torch.nonzero(valid_P & (e_P == e)).flatten()
+        h_PI[slots] = swiglu(x_TH[rows_P[slots] // (N // T)].float() @ gate_up_E2IH[e].float().T).to(x_TH.dtype)
     return h_PI
 
 
 def grouped_down_torch(h_PI, routes, down_EHI, weights_TK) -> torch.Tensor:
-    """Twin of :func:`grouped_down`: out_NH[n] = weight[n] · (h[slot_of_N[n]] @ down[e(n)].T)."""
+    """Twin of :func:`grouped_down`: out_NH[n] = weight[n] · (h[slot_of_N[n]] @ down[e(n)].T).
+
+    One expert at a time, fp32, one rounding. Rows in no block (ids outside [0, E)) stay 0.
+    """
     N, P, B = routes.slot_of_N.numel(), routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
+    H = down_EHI.shape[1]
+    out_NH = h_PI.new_zeros(N, H)
     slot_N = routes.slot_of_N.long()
-    e_N = routes.block_expert_B.long()[slot_N // (P // B)]
-    out_NH = torch.einsum("ni,nhi->nh", h_PI[slot_N].float(), down_EHI[e_N].float())
-    return (out_NH * weights_TK.reshape(-1, 1).float()).to(h_PI.dtype)
+    placed_N = slot_N < P
+    e_N = torch.where(placed_N, routes.block_expert_B.long()[slot_N.clamp(max=P - 1) // (P // B)], -1)
+    wts_N = weights_TK.reshape(-1).float()
+    for e in torch.unique(e_N[placed_N]).tolist():
+        rows = torch.nonzero(e_N == e).flatten()
+        out_MH = h_PI[slot_N[rows]].float() @ down_EHI[e].float().T
+        out_NH[rows] = (out_MH * wts_N[rows, None]).to(h_PI.dtype)
+    return out_NH

@@ -19,6 +19,7 @@ import triton.language as tl
 from dispatch import runtime
 from dispatch.kernels import gemm_config as gc
 from dispatch.kernels import grouped_gemm as gg
+from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.combine import combine
 from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.sort import sort_by_expert
@@ -52,12 +53,6 @@ def _down_persistent_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, 
                       s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
-def _num_programs(dev: torch.device) -> int:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_properties(dev).multi_processor_count
-    return 4  # the interpreter: a few programs, each looping over several tiles
-
-
 def default_configs(num_rows: int, num_experts: int, dev: torch.device) -> tuple[GemmConfig, GemmConfig]:
     """(up, down) tiles: the H200 sweep's best at large N (results/h200/kernels_sweep.json)."""
     if runtime.INTERPRET or dev.type != "cuda":
@@ -83,20 +78,19 @@ def fit_shared(cfg: GemmConfig, n_b_tiles: int, limit: int) -> GemmConfig:
     return cfg
 
 
-def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None):
-    """Same contract as ``grouped_gemm.moe_experts``, with persistent up and down kernels."""
-    gg.check_experts_input(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
-    T, H = x_TH.shape
-    K, E, I = ids_TK.shape[1], gate_up_E2IH.shape[0], down_EHI.shape[2]
+def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None,
+                           check_ids: bool = False):
+    """Same contract as ``grouped_gemm.moe_experts`` (bad-id policy included), with persistent up and
+    down kernels (a benchmark contestant: not registered as an op)."""
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
+    check_launch("moe_experts_persistent", x_TH)
     if T == 0:
         return x_TH.new_zeros(0, H)
-    if not runtime.triton_ok(x_TH):
-        raise ValueError(f"Triton cannot run on {x_TH.device} here (no CUDA and the interpreter is off)")
     cu, cd = configs or default_configs(T * K, E, x_TH.device)
     if cu.block_m != cd.block_m:
         raise ValueError(f"up and down configs must share block_m, got {cu.block_m} and {cd.block_m}")
     routes = sort_by_expert(ids_TK, E, cu.block_m)
-    G = _num_programs(x_TH.device)
+    G = runtime.num_sms(x_TH.device)
     N, P = T * K, routes.sorted_rows_P.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
     _up_persistent_kernel[(G,)](
@@ -110,4 +104,4 @@ def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, 
         h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, routes.num_blocks_1, N, H, I,
         *h_PI.stride(), *down_EHI.stride(), *out_NH.stride(), G, BLOCK_M=cd.block_m, BLOCK_N=cd.block_n,
         BLOCK_K=cd.block_k, EVEN_K=I % cd.block_k == 0, num_warps=cd.num_warps, num_stages=cd.num_stages)
-    return combine(out_NH, K)
+    return combine(out_NH, K, ids_TK=ids_TK, num_experts=E)

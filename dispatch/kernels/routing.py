@@ -10,10 +10,13 @@ padded columns masked to -inf) and does, all in fp32 registers:
     then optionally  w /= Σ_k w  (``norm_topk_prob``),  and  w *= routed_scaling_factor.
 
 Top-K is K passes of "argmax, then mask it out". Ties go to the lowest expert id (the argmax is
-the smallest column index whose score equals the row maximum). ``torch.topk`` documents no tie
-rule — on CPU it returns e.g. [2, 4, 1] for the scores [1, 3, 3, 0, 3] — so with tied scores the
-weights agree with the reference while the ids may be a different member of the tie. Tests use
-continuous random logits (ties have probability 0) plus one explicit tie test of our rule.
+the smallest column index whose score equals the row maximum). A NaN score counts as the largest
+(as in ``torch.topk``), so a token with NaN/Inf logits still gets K valid, distinct ids in [0, E),
+with NaN weights: its output row is non-finite, as in the reference, and no other row changes.
+``torch.topk`` documents no tie rule — on CPU it returns e.g. [2, 4, 1] for the scores
+[1, 3, 3, 0, 3] — so with tied scores the weights agree with the reference while the ids may be
+a different member of the tie. Tests use continuous random logits (ties have probability 0) plus
+one explicit tie test of our rule.
 
 Tiny example (OLMoE-style softmax, K = 2, no renormalisation)::
 
@@ -25,9 +28,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import custom_op
 
-from dispatch import runtime
 from dispatch.config import MoEConfig
+from dispatch.kernels.checks import check_launch, no_backward, via_op
 from dispatch.reference import route_reference
 
 _TILE = 2048  # BLOCK_T × BLOCK_E elements per program: ~16 fp32 per thread and tensor at 4 warps
@@ -62,6 +66,9 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, st
         scores = p / tl.sum(p, axis=1)[:, None]
         choice = scores
 
+    # NaN sorts above everything (as in torch.topk): a non-finite token still gets K valid,
+    # distinct ids, and its weights (taken from ``scores``) stay NaN.
+    choice = tl.where(choice != choice, float("inf"), choice)
     avail = real  # experts that may still be chosen
     if GROUPS > 1:  # DeepSeek-V3 group-limited selection
         grp = cols // GROUP_SIZE
@@ -123,8 +130,8 @@ def _check_route_inputs(logits_TE, cfg, bias_E, *, triton_device: bool = True) -
         raise ValueError(f"logits must have shape [T, E={cfg.num_experts}], got {tuple(logits_TE.shape)}")
     if logits_TE.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits_TE.dtype}")
-    if triton_device and not runtime.triton_ok(logits_TE):
-        raise ValueError(f"route needs a CUDA tensor (or CPU under TRITON_INTERPRET=1), got device {logits_TE.device}")
+    if triton_device:
+        check_launch("route", logits_TE, widens_bf16=True)
     if cfg.correction_bias and bias_E is None:
         raise ValueError("this config uses a correction bias (correction_bias=True): pass bias_E of shape [E]")
     if bias_E is not None:
@@ -152,28 +159,44 @@ def route(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tensor | None =
         Ties go to the lowest expert id (see the module docstring).
     """
     _check_route_inputs(logits_TE, cfg, bias_E)
-    T, E, K = logits_TE.shape[0], cfg.num_experts, cfg.top_k
-    dev = logits_TE.device
-    weights_TK = torch.empty(T, K, dtype=torch.float32, device=dev)
-    ids_TK = torch.empty(T, K, dtype=torch.int32, device=dev)
+    if logits_TE.device.type == "cpu" and logits_TE.dtype == torch.bfloat16:
+        logits_TE = logits_TE.float()
+    if bias_E is not None and bias_E.device.type == "cpu" and bias_E.dtype == torch.bfloat16:
+        bias_E = bias_E.float()
+    op = torch.ops.dispatch.route if via_op(logits_TE, bias_E) else _route_impl
+    return op(logits_TE, bias_E, cfg.top_k, cfg.scoring == "sigmoid", cfg.norm_topk_prob,
+                                    cfg.n_group, cfg.topk_group, float(cfg.routed_scaling_factor))
+
+
+def _route_impl(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, sigmoid: bool, renorm: bool,
+              n_group: int, topk_group: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    T, E = logits_TE.shape
+    weights_TK = torch.empty(T, K, dtype=torch.float32, device=logits_TE.device)
+    ids_TK = torch.empty(T, K, dtype=torch.int32, device=logits_TE.device)
     if T == 0:
         return weights_TK, ids_TK
-    if dev.type == "cpu" and logits_TE.dtype == torch.bfloat16:
-        logits_TE = logits_TE.float()
-    if bias_E is not None and dev.type == "cpu" and bias_E.dtype == torch.bfloat16:
-        bias_E = bias_E.float()
     BLOCK_E = triton.next_power_of_2(E)
     BLOCK_T = max(1, min(triton.next_power_of_2(T), _TILE // BLOCK_E))
-    grid = (triton.cdiv(T, BLOCK_T),)
-    _route_kernel[grid](
+    _route_kernel[(triton.cdiv(T, BLOCK_T),)](
         logits_TE, bias_E if bias_E is not None else logits_TE, weights_TK, ids_TK,
-        T, E, logits_TE.stride(0), logits_TE.stride(1), bias_E.stride(0) if bias_E is not None else 0,
-        float(cfg.routed_scaling_factor),
-        K=K, SIGMOID=cfg.scoring == "sigmoid", HAS_BIAS=bias_E is not None, RENORM=cfg.norm_topk_prob,
-        GROUPS=cfg.n_group, GROUP_SIZE=E // cfg.n_group, TOPK_GROUP=cfg.topk_group,
+        T, E, logits_TE.stride(0), logits_TE.stride(1), bias_E.stride(0) if bias_E is not None else 0, scaling,
+        K=K, SIGMOID=sigmoid, HAS_BIAS=bias_E is not None, RENORM=renorm,
+        GROUPS=n_group, GROUP_SIZE=E // n_group, TOPK_GROUP=topk_group,
         BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_K=triton.next_power_of_2(K),
-        BLOCK_G=triton.next_power_of_2(cfg.n_group), num_warps=4)
+        BLOCK_G=triton.next_power_of_2(n_group), num_warps=4)
     return weights_TK, ids_TK
+
+
+_route_op = custom_op("dispatch::route", _route_impl, mutates_args=())
+
+
+@_route_op.register_fake
+def _(logits_TE, bias_E, K, sigmoid, renorm, n_group, topk_group, scaling):
+    T = logits_TE.shape[0]
+    return (logits_TE.new_empty(T, K, dtype=torch.float32), logits_TE.new_empty(T, K, dtype=torch.int32))
+
+
+no_backward(_route_op, "dispatch.kernels.routing.route")
 
 
 def route_torch(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tensor | None = None):

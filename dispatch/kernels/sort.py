@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dispatch import runtime
+from dispatch.kernels.checks import check_ids_in_range, check_launch
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,9 @@ class SortedRoutes:
 
     sorted_rows_P  [P]   routed row n = t·K + k held by each slot; padding slots hold N
     block_expert_B [B]   expert of each block of ``block_m`` slots; -1 past the used blocks
-    slot_of_N      [N]   slot of each routed row (inverse of sorted_rows_P)
-    counts_E       [E]   rows per expert
+    slot_of_N      [N]   slot of each routed row (inverse of sorted_rows_P); P for a row whose
+                         id lies outside [0, E): such rows are in no expert's block
+    counts_E       [E]   rows per expert (valid ids only)
     offsets_E1     [E+1] padded start slot per expert; offsets_E1[E] = used slots
     num_blocks_1   [1]   used blocks (= offsets_E1[E] / block_m), left on device
     Static sizes: B = cdiv(N, block_m) + min(E, N), P = B · block_m.
@@ -74,9 +75,12 @@ def static_sizes(num_rows: int, num_experts: int, block_m: int) -> tuple[int, in
 
 
 @triton.jit
-def _load_ids(ids_ptr, n, N, stride_t, stride_k, K: tl.constexpr, other):
+def _load_ids(ids_ptr, n, N, E, stride_t, stride_k, K: tl.constexpr, other):
+    """Expert of routed rows n (int32); ``other`` past N, -1 for an id outside [0, E) (compared
+    before the int32 cast, so an int64 id of 2**32 is not read as expert 0)."""
     t = n // K
-    return tl.load(ids_ptr + t.to(tl.int64) * stride_t + (n - t * K) * stride_k, mask=n < N, other=other).to(tl.int32)
+    e = tl.load(ids_ptr + t.to(tl.int64) * stride_t + (n - t * K) * stride_k, mask=n < N, other=other)
+    return tl.where((e >= 0) & (e < E), e, tl.where(n < N, -1, other)).to(tl.int32)
 
 
 @triton.jit
@@ -87,7 +91,7 @@ def _block_histogram_kernel(ids_ptr, hist_ptr, N, E, stride_t, stride_k, K: tl.c
     acc = tl.zeros([BLOCK_E], tl.int32)
     for r0 in tl.range(0, BLOCK_N, CHUNK):  # one-hot sums, CHUNK rows at a time
         n = pid * BLOCK_N + r0 + tl.arange(0, CHUNK)
-        e = _load_ids(ids_ptr, n, N, stride_t, stride_k, K, -1)
+        e = _load_ids(ids_ptr, n, N, E, stride_t, stride_k, K, -1)
         acc += tl.sum((e[:, None] == cols[None, :]).to(tl.int32), axis=0)
     tl.store(hist_ptr + pid * E + cols, acc, mask=cols < E)
 
@@ -115,14 +119,14 @@ def _scatter_kernel(ids_ptr, before_ptr, counts_ptr, offsets_ptr, num_blocks_ptr
     pid = tl.program_id(0)
     i = tl.arange(0, BLOCK_N)
     n = pid * BLOCK_N + i  # this program's routed rows, and also its slots and its blocks
-    nmask = n < N
-    e_n = _load_ids(ids_ptr, n, N, stride_t, stride_k, K, -1)
+    e_n = _load_ids(ids_ptr, n, N, E, stride_t, stride_k, K, -1)
+    nmask = (n < N) & (e_n >= 0)  # routed rows with a valid expert: the only ones given a slot
 
     # rank of row n among the rows of its expert earlier in this block (pairwise, CHUNK at a time)
     rank = tl.zeros([BLOCK_N], tl.int32)
     for j0 in tl.range(0, BLOCK_N, CHUNK):
         j = j0 + tl.arange(0, CHUNK)
-        e_j = _load_ids(ids_ptr, pid * BLOCK_N + j, N, stride_t, stride_k, K, -2)
+        e_j = _load_ids(ids_ptr, pid * BLOCK_N + j, N, E, stride_t, stride_k, K, -2)
         same = (e_j[None, :] == e_n[:, None]) & (j[None, :] < i[:, None])
         rank += tl.sum(same.to(tl.int32), axis=1)
     before = tl.load(before_ptr + pid * E + e_n, mask=nmask, other=0)
@@ -149,7 +153,7 @@ def _scatter_kernel(ids_ptr, before_ptr, counts_ptr, offsets_ptr, num_blocks_ptr
 
     slot = start_n + before + rank
     tl.store(sorted_rows_ptr + slot, n, mask=nmask)
-    tl.store(slot_of_ptr + n, slot, mask=nmask)
+    tl.store(slot_of_ptr + n, tl.where(nmask, slot, P), mask=n < N)  # P: in no expert's block
     tl.store(sorted_rows_ptr + n, tl.zeros([BLOCK_N], tl.int32) + N, mask=(n < P) & (real_s == 0))
     tl.store(block_expert_ptr + n, tl.where(n * BLOCK_M < carry, owner_b, -1), mask=n < B)
     last = tl.arange(0, 2)  # [offsets_E1[E], num_blocks] from program 0
@@ -158,15 +162,15 @@ def _scatter_kernel(ids_ptr, before_ptr, counts_ptr, offsets_ptr, num_blocks_ptr
              mask=last < tl.where(pid == 0, 1, 0))
 
 
-def _check_sort_inputs(ids_TK, num_experts, block_m, check, *, triton_device=True) -> bool:
+def _check_sort_inputs(ids_TK, num_experts, block_m, check_ids, *, triton_device=True) -> None:
     if not isinstance(ids_TK, torch.Tensor) or ids_TK.dim() != 2:
         got = tuple(ids_TK.shape) if isinstance(ids_TK, torch.Tensor) else type(ids_TK).__name__
         raise ValueError(f"ids must be a 2-d tensor [T, K], got {got}")
     if ids_TK.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ids must be int32 or int64, got {ids_TK.dtype}")
-    if triton_device and not runtime.triton_ok(ids_TK):
-        raise ValueError(f"sort_by_expert needs a CUDA tensor (or CPU under TRITON_INTERPRET=1), got {ids_TK.device}")
-    if not isinstance(num_experts, int) or num_experts < 1:
+    if triton_device:
+        check_launch("sort_by_expert", ids_TK)
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
     if not isinstance(block_m, int) or block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= 16, got {block_m!r}")
@@ -174,28 +178,24 @@ def _check_sort_inputs(ids_TK, num_experts, block_m, check, *, triton_device=Tru
         raise ValueError(f"ids must have K >= 1 columns, got shape {tuple(ids_TK.shape)}")
     if ids_TK.numel() >= 2**31 // 2:
         raise ValueError(f"too many routed rows for int32 slots: {ids_TK.numel()}")
-    check = ids_TK.device.type == "cpu" if check is None else check
-    if check and ids_TK.numel():  # needs the values on the host: a device sync on CUDA
-        lo, hi = int(ids_TK.min()), int(ids_TK.max())
-        if lo < 0 or hi >= num_experts:
-            raise ValueError(f"expert ids must lie in [0, {num_experts}), got values in [{lo}, {hi}]")
-    return check
+    if check_ids:
+        check_ids_in_range(ids_TK, num_experts)
 
 
-def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int, *, check: bool | None = None,
+def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int, *, check_ids: bool = False,
                    block_n: int | None = None) -> SortedRoutes:
     """Sort routed rows by expert, each expert's segment padded to ``block_m`` (3 launches, no sync).
 
     Args:
         ids_TK: expert of each (token, k) [T, K], int32 or int64, any strides.
         num_experts: E.  block_m: the grouped GEMM's rows per tile (power of two >= 16).
-        check: verify 0 <= ids < E first (a device→host sync). Default: True on CPU, False on CUDA,
-            so the CUDA path stays sync-free and graph-capturable; out-of-range ids are then undefined.
+        check_ids: refuse ids outside [0, E) with a ValueError (a device→host sync). By default
+            such rows are placed in no block (slot_of_N = P) and the sort stays sync-free.
         block_n: routed rows per program (power of two, tuning/tests; default 256, less for small N).
     Returns:
         :class:`SortedRoutes`. See the module docstring for a worked example.
     """
-    _check_sort_inputs(ids_TK, num_experts, block_m, check)
+    _check_sort_inputs(ids_TK, num_experts, block_m, check_ids)
     if block_n is not None and (not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1)):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
     T, K = ids_TK.shape
@@ -211,7 +211,7 @@ def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int, *, chec
         starts.append(starts[-1] + -(-n // 4) * 4)
     buf = torch.empty(starts[-1], dtype=torch.int32, device=ids_TK.device)
     sorted_rows_P, block_expert_B, slot_of_N, counts_E, offsets_E1, num_blocks_1, hist = (
-        buf[a:a + n] for a, n in zip(starts, sizes))
+        buf[a:a + n] for a, n in zip(starts, sizes, strict=False))
     if N == 0:
         buf.zero_()  # B = P = 0: only counts, offsets and num_blocks exist, all 0
     else:
@@ -229,22 +229,27 @@ def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int, *, chec
                         num_tokens=T, top_k=K, num_experts=E, block_m=block_m)
 
 
-def sort_by_expert_torch(ids_TK: torch.Tensor, num_experts: int, block_m: int) -> SortedRoutes:
-    """The plain-PyTorch twin: counts by scatter-add, a stable argsort, a padded scan (no host sync)."""
-    _check_sort_inputs(ids_TK, num_experts, block_m, check=True, triton_device=False)
+def sort_by_expert_torch(ids_TK: torch.Tensor, num_experts: int, block_m: int, *,
+                         check_ids: bool = False) -> SortedRoutes:
+    """The plain-PyTorch twin: counts by scatter-add, a stable argsort, a padded scan (no host sync).
+    Rows with an id outside [0, E) sort last and get no slot (slot_of_N = P), as in the kernel."""
+    _check_sort_inputs(ids_TK, num_experts, block_m, check_ids, triton_device=False)
     T, K = ids_TK.shape
     E, N = num_experts, T * K
     B, P = static_sizes(N, E, block_m)
     dev = ids_TK.device
-    ids_N = ids_TK.reshape(-1).long()
-    counts_E = torch.zeros(E, dtype=torch.long, device=dev).scatter_add_(0, ids_N, torch.ones_like(ids_N))
+    raw_N = ids_TK.reshape(-1).long()
+    valid_N = (raw_N >= 0) & (raw_N < E)
+    ids_N = torch.where(valid_N, raw_N, E)  # bad ids: a virtual expert E after all others, never stored
+    counts_E = torch.zeros(E + 1, dtype=torch.long, device=dev).scatter_add_(0, ids_N, torch.ones_like(ids_N))[:E]
     padded_E = (counts_E + block_m - 1) // block_m * block_m
     offsets_E1 = torch.cat([padded_E.new_zeros(1), padded_E.cumsum(0)])
     order_N = torch.argsort(ids_N, stable=True)  # sorted position → n
     e_sorted = ids_N[order_N]
-    first_E = counts_E.cumsum(0) - counts_E  # unpadded start of each expert in the argsort
-    slot_sorted = offsets_E1[e_sorted] + torch.arange(N, device=dev) - first_E[e_sorted]
-    sorted_rows_P = torch.full((P,), N, dtype=torch.long, device=dev).scatter_(0, slot_sorted, order_N)
+    first_E1 = torch.cat([counts_E.cumsum(0) - counts_E, counts_E.sum(0, keepdim=True)])  # starts in the argsort
+    slot_sorted = offsets_E1[e_sorted] + torch.arange(N, device=dev) - first_E1[e_sorted]
+    slot_sorted = torch.where(e_sorted < E, slot_sorted, P)
+    sorted_rows_P = torch.full((P + 1,), N, dtype=torch.long, device=dev).scatter_(0, slot_sorted, order_N)[:P]
     slot_of_N = torch.empty(N, dtype=torch.long, device=dev).scatter_(0, order_N, slot_sorted)
     starts_B = torch.arange(B, device=dev) * block_m
     owner_B = torch.searchsorted(offsets_E1[1:], starts_B, right=True)

@@ -1,18 +1,15 @@
-"""Expert parallelism (chapter 4): experts spread over ranks, rows sent to them and back.
+"""Expert parallelism (chapter 4): experts spread over ranks, each token sent once per rank.
 
     placement.py  which rank holds which experts (contiguous by default, replicas allowed)
     dispatch.py   dispatch / combine over torch.distributed (NCCL on GPUs, gloo on CPU)
-    p2p.py        the peer-to-peer path: a Triton kernel writes rows into the peer's memory
-    experts.py    pluggable expert compute (bit-identical whatever the batch split)
-    layer.py      ExpertParallelMoE and the single-device layer it matches bit for bit
-    launch.py     run a function on N ranks (notebooks, tests); torchrun helpers; fault handling
-    workers.py    the functions ranks run (picklable)
-    bench.py      ``torchrun --nproc_per_node N -m dispatch_book.bench.parallel``
+    p2p.py        the peer-to-peer path: Triton kernels store tokens into the peer's memory
+    layer.py      ExpertParallelMoE / parallelize(MoELayer): the grouped GEMM on each rank's experts
+    launch.py     run a function on R ranks (notebooks, tests); torchrun helpers; fault handling
 """
-from dispatch.parallel.dispatch import DispatchMeta, combine, combine_topk, dispatch
-from dispatch.parallel.layer import ExpertParallelMoE, moe_single
+from dispatch.parallel.dispatch import DispatchMeta, combine, dispatch
 from dispatch.parallel.launch import RankError, launch
+from dispatch.parallel.layer import ExpertParallelMoE, parallelize
 from dispatch.parallel.placement import Placement
 
-__all__ = ["DispatchMeta", "ExpertParallelMoE", "Placement", "RankError", "combine", "combine_topk", "dispatch",
-           "launch", "moe_single"]
+__all__ = ["DispatchMeta", "ExpertParallelMoE", "Placement", "RankError", "combine", "dispatch", "launch",
+           "parallelize"]

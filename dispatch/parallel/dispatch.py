@@ -1,18 +1,26 @@
-"""Dispatch and combine over ``torch.distributed``: one row per (token, expert) pair.
+"""Dispatch and combine over ``torch.distributed``: each token sent once per destination rank.
 
-Rank r holds T_r tokens. Its routed rows n = t·K + k go to the rank that owns expert
-``ids_TK[t, k]`` (:meth:`Placement.dest_rank_N`), and come back to be summed in k order:
+Rank r holds T_r tokens. Routed row n = t·K + k is computed by rank ``dest_N[n]``
+(:meth:`Placement.dest_rank_N`). Token t travels to each rank that computes at least one of its
+K rows, **once**, with its K expert ids and K weights packed behind it (an id the destination
+must not compute is sent as -1). On arrival the destination expands each token to its own rows:
 
-    dispatch:  x_TH ──(sort rows by destination, stable)──▶ all_to_all_single of the counts per
-               (rank, expert slot) ──(one host sync)──▶ all_to_all_single of the rows, each with its
-               (slot, weight) packed behind it ──▶ sorted by local slot (stable) ──▶ x_MH, weight_M, counts_L
-    combine:   out_MH ──(unsort)──▶ all_to_all_single back ──(unsort)──▶ out_NH ──▶ Σ_k in k order
+    dispatch:  x_TH ─▶ one copy of token t per destination d (t order) ─▶ all_to_all_single
+               ─▶ x_MH, weights_MK, slots_MK (local slot of each of the K rows; L = not here)
+    experts:   out_VH, rows m·K + k (only rows with slots_MK < L mean anything)
+    combine:   each computed row back to its home, at n = t·K + k ─▶ combine(out_NH, K) in k order
 
-Why the result is bit-identical to one device: rows arrive grouped by source rank (ascending) and,
-within a source, in n order; the stable sort by expert keeps that order, so expert e sees exactly
-the rows of the global batch (ranks' tokens concatenated in rank order) in the same order as the
-single-device layer does. Each row's output is then the same, and :func:`combine_topk` adds a
-token's K outputs in the same fixed order. NCCL on GPUs, gloo on CPU ranks: one code path.
+Two ways to size the exchange (DeepEP's two modes are the model):
+
+* ``capacity=None`` ("normal"): one small all-to-all of the counts and one host sync give exact
+  splits; only real tokens go out and only computed rows come back.
+* ``capacity=C`` ("low latency"): every source owns a region of C token rows in every destination
+  (C = the most tokens any rank passes: a token goes to a rank at most once, so that bound always
+  holds) and C·K rows come back per region. Splits are static and there is no host sync: the
+  round trip can be captured in a CUDA graph. The price: padded regions travel too.
+
+Bit-identity with one device: each row's result depends only on that row (pinned tiles, see
+``layer.py``), and :func:`dispatch.kernels.combine.combine` adds a token's K rows in k order.
 """
 from __future__ import annotations
 
@@ -21,151 +29,156 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dispatch import runtime
+from dispatch.kernels.combine import combine as combine_k
 from dispatch.parallel.placement import Placement
-
-if runtime.HAS_CUDA:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _gather_sum_k(src, index, y, H, K: tl.constexpr, BLOCK_H: tl.constexpr):
-        # y[t] = src[index[t·K]] + src[index[t·K + 1]] + ... in fp32, left to right, cast once.
-        t = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        m = cols < H
-        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)  # from 0, as kernels/combine.py (so -0.0 → +0.0 alike)
-        for k in tl.static_range(0, K):
-            acc += tl.load(src + tl.load(index + t * K + k).to(tl.int64) * H + cols, mask=m).to(tl.float32)
-        tl.store(y + t * H + cols, acc.to(y.dtype.element_ty), mask=m)
-
-
-def combine_topk(out_NH: torch.Tensor, top_k: int) -> torch.Tensor:
-    """y_TH[t] = 0 + Σ_k out_NH[t·K + k], added in fp32 in k = 0, 1, ... order, cast once."""
-    if out_NH.dim() != 2 or out_NH.shape[0] % top_k:
-        raise ValueError(f"out_NH must be [T*K, H] with K={top_k}, got {tuple(out_NH.shape)}")
-    out_TKH = out_NH.view(-1, top_k, out_NH.shape[1])
-    acc_TH = out_TKH.new_zeros(out_TKH.shape[0], out_TKH.shape[2], dtype=torch.float32)
-    for k in range(top_k):  # the same additions as dispatch.kernels.combine
-        acc_TH = acc_TH + out_TKH[:, k].float()
-    return acc_TH.to(out_NH.dtype)
-
-
-def gather_combine(src_MH: torch.Tensor, index_N: torch.Tensor, top_k: int) -> torch.Tensor:
-    """y_TH[t] = Σ_k src_MH[index_N[t·K + k]] in k order: :func:`combine_topk` of a gather, fused
-    into one Triton launch on CUDA (every path of the layer sums through here, so a device's
-    paths agree to the bit)."""
-    if not src_MH.is_cuda:
-        return combine_topk(src_MH[index_N], top_k)
-    T, H = index_N.shape[0] // top_k, src_MH.shape[1]
-    y_TH = src_MH.new_empty(T, H)
-    if T:
-        block = min(1024, triton.next_power_of_2(H))
-        _gather_sum_k[(T, triton.cdiv(H, block))](src_MH, index_N, y_TH, H, K=top_k, BLOCK_H=block)
-    return y_TH
-
-
-def inverse(order_N: torch.Tensor) -> torch.Tensor:
-    """inv[order_N[i]] = i: where row n sits after a permutation."""
-    inv = torch.empty_like(order_N)
-    inv[order_N] = torch.arange(order_N.shape[0], device=order_N.device)
-    return inv
 
 
 @dataclass(frozen=True)
 class DispatchMeta:
-    """What :func:`combine` needs to send rows home and sum them (one per dispatch call)."""
+    """What :func:`combine` needs to send computed rows home (one per dispatch call)."""
 
     num_tokens: int  # T on this rank
     top_k: int  # K
-    order_N: torch.Tensor  # int64: send position i holds routed row order_N[i] (sorted by dest rank)
-    send_counts: tuple[int, ...]  # rows this rank sent to each rank
-    recv_counts: tuple[int, ...]  # rows this rank received from each rank
-    recv_order_M: torch.Tensor  # int64: local position m holds received row recv_order_M[m]
-    counts_L: tuple[int, ...]  # received rows per local expert slot
+    home_N: torch.Tensor  # int64 [T·K]: row of the returned buffer holding routed row n's result
+    keep_V: torch.Tensor | None  # normal mode: received rows m·K + k this rank computed, in order
+    send: tuple[int, ...] | None  # normal mode: rows back to each source / to each destination
+    recv: tuple[int, ...] | None
+    capacity: int | None  # C token rows per source region (low-latency mode)
 
 
-def _counts(index: torch.Tensor, n: int) -> torch.Tensor:
-    """Histogram of ``index`` into n bins with no host sync (scatter_add, not bincount)."""
-    return torch.zeros(n, dtype=torch.int64, device=index.device).scatter_add_(0, index, torch.ones_like(index))
+def check_routing(x_TH, weights_TK, ids_TK, num_experts: int, hidden: int, top_k: int,
+                  check_ids: bool | None = None) -> None:
+    """ValueError unless x_TH [T, H], weights_TK float [T, K], ids_TK int [T, K]; with ``check_ids``
+    (default: on CPU; on a GPU it would cost a host sync) also ids in [0, E). Unchecked, a row
+    whose id lies outside [0, E) is computed nowhere and contributes nothing."""
+    for name, t in (("x_TH", x_TH), ("weights_TK", weights_TK), ("ids_TK", ids_TK)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x_TH.dim() != 2 or x_TH.shape[1] != hidden or not x_TH.is_floating_point():
+        raise ValueError(f"x_TH must be a floating [T, H={hidden}] tensor, got {x_TH.dtype} {tuple(x_TH.shape)}")
+    T = x_TH.shape[0]
+    if tuple(ids_TK.shape) != (T, top_k) or ids_TK.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ids_TK must be an int32/int64 [T={T}, K={top_k}] tensor, got {ids_TK.dtype} "
+                         f"{tuple(ids_TK.shape)}")
+    if tuple(weights_TK.shape) != (T, top_k) or not weights_TK.is_floating_point():
+        raise ValueError(f"weights_TK must be a floating [T={T}, K={top_k}] tensor, got {weights_TK.dtype} "
+                         f"{tuple(weights_TK.shape)}")
+    if check_ids is None:
+        check_ids = x_TH.device.type == "cpu"
+    if check_ids and ids_TK.numel() and not bool(((ids_TK >= 0) & (ids_TK < num_experts)).all()):
+        raise ValueError(f"ids_TK must hold expert ids in [0, {num_experts}), got min {int(ids_TK.min())} "
+                         f"max {int(ids_TK.max())}")
 
 
-def _a2a(x: torch.Tensor, send: tuple[int, ...], recv: tuple[int, ...], group) -> torch.Tensor:
-    out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
+def plan(ids_TK: torch.Tensor, placement: Placement, rank: int):
+    """(dest_TK, sends_TR, pos_TR): the rank computing each routed row (R: none, for an id outside
+    [0, E)); whether token t goes to rank d; its position among the tokens this rank sends to d
+    (t order). No host sync."""
+    T, K = ids_TK.shape
+    R, E = placement.num_ranks, placement.num_experts
+    valid_TK = (ids_TK >= 0) & (ids_TK < E)
+    dest_TK = placement.dest_rank_N(ids_TK.clamp(0, E - 1), rank).view(T, K)
+    dest_TK = torch.where(valid_TK, dest_TK, R)  # never used as an address
+    sends_TR = torch.zeros(T, R + 1, dtype=torch.bool, device=ids_TK.device)
+    sends_TR = sends_TR.scatter_(1, dest_TK, True)[:, :R]
+    pos_TR = sends_TR.long().cumsum(0) - 1
+    return dest_TK, sends_TR, pos_TR
+
+
+def _a2a(x: torch.Tensor, send, recv, group, zero_row: bool = False) -> torch.Tensor:
+    """all_to_all_single; send/recv None = equal splits (static: no host sync). ``zero_row``: one
+    more row of zeros after the received ones (where rows computed nowhere point)."""
+    rows = x.shape[0] if recv is None else sum(recv)
+    full = x.new_empty((rows + zero_row,) + tuple(x.shape[1:]))
+    out = full[:rows]
+    if zero_row:
+        full[rows:].zero_()
     if dist.get_world_size(group) == 1:
         out.copy_(x)
     else:
-        dist.all_to_all_single(out, x.contiguous(), list(recv), list(send), group=group)
-    return out
+        dist.all_to_all_single(out, x.contiguous(), None if recv is None else list(recv),
+                               None if send is None else list(send), group=group)
+    return full
 
 
-def check_routing(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts: int) -> None:
-    """ValueError unless x_TH [T, H], weights_TK [T, K] float, ids_TK [T, K] int in [0, E)."""
-    if x_TH.dim() != 2:
-        raise ValueError(f"x must be [T, H], got shape {tuple(x_TH.shape)}")
-    T = x_TH.shape[0]
-    if ids_TK.dim() != 2 or ids_TK.shape[0] != T or weights_TK.shape != ids_TK.shape:
-        raise ValueError(f"weights_TK and ids_TK must both be [T={T}, K], got {tuple(weights_TK.shape)} "
-                         f"and {tuple(ids_TK.shape)}")
-    if ids_TK.is_floating_point() or not weights_TK.is_floating_point():
-        raise ValueError("ids_TK must be integer and weights_TK floating point")
-    if ids_TK.numel() and (int(ids_TK.min()) < 0 or int(ids_TK.max()) >= num_experts):
-        raise ValueError(f"expert ids must lie in [0, {num_experts})")
+def _pack(x_TH, weights_TK, ids_TK, dest_TK, d_J, t_J):
+    """Rows j = (destination d_J, token t_J): x with K ids (-1 where d does not compute the row)
+    and K fp32 weights packed behind it as raw bits, in x's dtype."""
+    ids_JK = torch.where(dest_TK[t_J] == d_J[:, None], ids_TK[t_J].to(torch.int32), -1)
+    meta_JK2 = torch.cat([ids_JK, weights_TK[t_J].float().view(torch.int32)], 1)
+    return torch.cat([x_TH[t_J], meta_JK2.view(x_TH.dtype)], 1)
 
 
-def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None):
-    """Send each routed row to the rank computing its expert.
+def _unpack(recv_MW, H: int, K: int, slot_E: torch.Tensor, L: int):
+    meta_MK2 = recv_MW[:, H:].contiguous().view(torch.int32)
+    ids_MK = meta_MK2[:, :K]
+    slots_MK = torch.where(ids_MK >= 0, slot_E[ids_MK.clamp(min=0).long()], L)
+    slots_MK = torch.where(slots_MK < 0, L, slots_MK)  # (an expert this rank does not hold: not here)
+    return recv_MW[:, :H], meta_MK2[:, K:].contiguous().view(torch.float32), slots_MK
+
+
+def dispatch(x_TH, weights_TK, ids_TK, placement: Placement, group=None, *, capacity: int | None = None,
+             check_ids: bool | None = None):
+    """Send each token once to every rank that computes one of its rows.
 
     Args:
-        x_TH: this rank's tokens [T, H] (T may be 0). weights_TK fp32-castable [T, K],
-        ids_TK int [T, K]: the routing of those tokens. placement: the same on every rank.
+        x_TH [T, H] (T may be 0), weights_TK [T, K] float, ids_TK [T, K] int in [0, E): this
+        rank's tokens and their routing. placement: the same on every rank. capacity: None for
+        exact splits (one host sync), else C ≥ T token rows per source region (static), the same
+        on every rank. check_ids: see :func:`check_routing`.
     Returns:
-        (x_MH, weight_M fp32, counts_L, meta): the M rows this rank's L local experts must
-        compute, grouped by local slot (expert ``placement.slots_RS[rank][l]`` gets the
-        ``counts_L[l]`` rows of group l); ``meta`` for :func:`combine`.
+        (x_MH, weights_MK fp32, slots_MK, meta): the M tokens this rank received; slots_MK the
+        local slot computing each of their K rows (L = len(placement.slots_RS[rank]): not here).
     """
     if not isinstance(placement, Placement):
         raise ValueError(f"placement must be a dispatch.parallel.Placement, got {type(placement).__name__}")
     rank, R = dist.get_rank(group), dist.get_world_size(group)
     if placement.num_ranks != R:
         raise ValueError(f"placement is for {placement.num_ranks} ranks but the group has {R}")
-    T, K = ids_TK.shape
-    S = placement.slots_per_rank  # local slots of the largest rank
-    dest_N = placement.dest_rank_N(ids_TK, rank)
-    slot_N = placement.tables(x_TH.device)[2][dest_N, ids_TK.reshape(-1).long()]
-    order_N = torch.argsort(dest_N, stable=True)
-
-    # Counts per (destination, its local slot): one small exchange gives every size needed.
-    send_RS = _counts(dest_N * S + slot_N, R * S)
-    recv_RS = torch.empty_like(send_RS)
-    if R == 1:
-        recv_RS.copy_(send_RS)
-    else:
-        dist.all_to_all_single(recv_RS, send_RS, group=group)
-    send_R, from_RS = send_RS.view(R, S).sum(1), recv_RS.view(R, S)  # from_RS[source, my slot]
-    sizes = torch.cat([send_R, from_RS.sum(1), from_RS.sum(0)]).tolist()  # the one host sync
+    H = x_TH.shape[1] if x_TH.dim() == 2 else -1
+    K = ids_TK.shape[1] if ids_TK.dim() == 2 else -1
+    check_routing(x_TH, weights_TK, ids_TK, placement.num_experts, H, K, check_ids)
+    T = x_TH.shape[0]
+    if capacity is not None and (not isinstance(capacity, int) or capacity < max(T, 1)):
+        raise ValueError(f"capacity must be an int >= the tokens on this rank (T={T}) and >= 1, got {capacity!r}")
+    dest_TK, sends_TR, pos_TR = plan(ids_TK, placement, rank)
+    slot_E = placement.tables(x_TH.device)[2][rank]
     L = len(placement.slots_RS[rank])
-    send, recv, counts_L = tuple(sizes[:R]), tuple(sizes[R:2 * R]), tuple(sizes[2 * R:2 * R + L])
+    if capacity is None:  # exact splits: tokens and rows per destination, one exchange, one sync
+        counts_R2 = torch.stack([sends_TR.sum(0), torch.bincount(dest_TK.reshape(-1), minlength=R + 1)[:R]], 1)
+        got_R2 = _a2a(counts_R2, None, None, group)
+        sizes = torch.cat([counts_R2, got_R2], 1).T.tolist()  # the one host sync
+        d_J, t_J = torch.nonzero(sends_TR.T, as_tuple=True)  # by destination, then t
+        recv_MW = _a2a(_pack(x_TH, weights_TK, ids_TK, dest_TK, d_J, t_J), sizes[0], sizes[2], group)
+        x_MH, weights_MK, slots_MK = _unpack(recv_MW, H, K, slot_E, L)
+        keep_V = torch.nonzero((slots_MK < L).reshape(-1)).squeeze(1)
+        home_N = torch.empty(T * K, dtype=torch.long, device=x_TH.device)
+        home_N[torch.argsort(dest_TK.reshape(-1), stable=True)] = torch.arange(T * K, device=x_TH.device)
+        home_N.clamp_(max=sum(sizes[1]))  # rows computed nowhere (dest R, sorted last): the zero row
+        meta = DispatchMeta(T, K, home_N, keep_V, tuple(sizes[3]), tuple(sizes[1]), None)
+        return x_MH, weights_MK, slots_MK, meta
+    C = capacity
+    d_J = torch.arange(R, device=x_TH.device).repeat(T)  # every (t, d) pair; unsent ones to a spare row
+    t_J = torch.arange(T, device=x_TH.device).repeat_interleave(R)
+    row_J = torch.where(sends_TR.reshape(-1), d_J * C + pos_TR.reshape(-1), R * C)
+    packed_JW = _pack(x_TH, weights_TK, ids_TK, dest_TK, d_J, t_J)
+    send_W = packed_JW.new_zeros(R * C + 1, packed_JW.shape[1])
+    send_W[:, H:].view(torch.int32)[:, :K] = -1  # padding rows: no row to compute
+    send_W.index_copy_(0, row_J, packed_JW)
+    x_MH, weights_MK, slots_MK = _unpack(_a2a(send_W[: R * C], None, None, group), H, K, slot_E, L)
+    d_TK = dest_TK.clamp(max=R - 1)
+    home_TK = d_TK * (C * K) + pos_TR.gather(1, d_TK) * K + torch.arange(K, device=x_TH.device)
+    home_N = torch.where(dest_TK < R, home_TK, R * C * K).reshape(-1)  # computed nowhere: the zero row
+    return x_MH, weights_MK, slots_MK, DispatchMeta(T, K, home_N, None, None, None, C)
 
-    # One exchange carries each row with its (local slot, weight) packed behind it as raw bits.
-    meta_N2 = torch.stack([slot_N.to(torch.int32), weights_TK.float().reshape(-1).view(torch.int32)], dim=1)
-    packed_NW = torch.cat([x_TH[torch.div(order_N, K, rounding_mode="floor")], meta_N2[order_N].view(x_TH.dtype)], 1)
-    recv_MW = _a2a(packed_NW, send, recv, group)
-    H = x_TH.shape[1]
-    recv_meta = recv_MW[:, H:].contiguous().view(torch.int32)
-    slot_M = recv_meta[:, 0].long()
-    recv_order_M = torch.argsort(slot_M, stable=True)
-    x_MH = recv_MW[recv_order_M, :H]
-    weight_M = recv_meta[:, 1].contiguous().view(torch.float32)[recv_order_M]
-    meta = DispatchMeta(T, K, order_N, send, recv, recv_order_M, counts_L)
-    return x_MH, weight_M, counts_L, meta
 
-
-def combine(out_MH: torch.Tensor, meta: DispatchMeta, group=None) -> torch.Tensor:
-    """Send expert outputs home and sum each token's K rows in k order: out_MH [M, H] → y_TH [T, H]."""
-    if out_MH.shape[0] != len(meta.recv_order_M):
-        raise ValueError(f"out_MH must have the {len(meta.recv_order_M)} rows dispatch returned, got {out_MH.shape[0]}")
-    back_MH = torch.empty_like(out_MH)
-    back_MH[meta.recv_order_M] = out_MH
-    home_NH = _a2a(back_MH, meta.recv_counts, meta.send_counts, group)
-    return gather_combine(home_NH, inverse(meta.order_N), meta.top_k)
+def combine(out_VH: torch.Tensor, meta: DispatchMeta, group=None) -> torch.Tensor:
+    """Computed rows home, then Σ_k in k order: out_VH [M·K, H] (rows m·K + k) → y_TH [T, H]."""
+    if out_VH.dim() != 2:
+        raise ValueError(f"out_VH must be [M*K, H], got {tuple(out_VH.shape)}")
+    if meta.capacity is None:
+        back_VH = out_VH.index_select(0, meta.keep_V)
+        home_VH = _a2a(back_VH, meta.send, meta.recv, group, zero_row=True)
+    else:
+        home_VH = _a2a(out_VH, None, None, group, zero_row=True)
+    return combine_k(home_VH.index_select(0, meta.home_N), meta.top_k)

@@ -1,21 +1,36 @@
-"""Run a function on N ranks: from a notebook or a test (:func:`launch`), or under torchrun
-(:func:`init_from_env`). Faults end the whole job with the original message, never a hang.
+"""Run a function on R ranks: from a notebook or a test (:func:`launch`), or under torchrun
+(:func:`init_from_env`). A fault ends the whole job within ``timeout_s`` and names its rank.
 
-    results = launch(workers.check_equal, 4, cfg, seed)   # gloo on CPU: one process per rank
+    results = launch(fn, 2, cfg, seed)   # gloo on CPU: one process per rank
 
-``fn`` must be picklable (a module-level function: see ``dispatch.parallel.workers``); it runs
-after ``init_process_group`` and its return value comes back per rank. If any rank raises, the
-others are stopped, the message is posted to the rendezvous store (ranks stuck on a broken
-collective re-raise *it*), and :func:`launch` raises :class:`RankError` with the original
-traceback. Collectives time out after ``timeout_s``; the launcher itself gives up after that too.
+``fn`` must be importable by name (a module-level function of an importable module); it runs after
+``init_process_group``, and its return value comes back per rank through a file (any size; never a
+pipe). Each rank reports into a private directory: a result file, or an error file with the
+exception's original traceback. The launcher polls those files and the processes:
+
+    a rank raised                 → RankError naming the rank, the exception and its traceback
+    a rank exited / was killed    → RankError naming the rank and its exit code or signal
+    a result that cannot be saved → RankError naming the rank and the pickling error
+    nothing within ``timeout_s``  → RankError naming the ranks that had not returned
+
+A failure inside a collective (a peer died or left) is reported only when no rank failed on its
+own: it is the symptom, the other rank the cause. Finished ranks wait for the launcher's word
+before they exit, so no rank tears its sockets down while a peer still talks to it; at the end
+every rank is terminated (then killed), within ``timeout_s`` + about a second of the start.
 """
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import hashlib
 import os
-import queue as queue_mod
+import pathlib
+import pickle
+import shutil
+import signal
 import socket
+import sys
+import tempfile
 import time
 import traceback
 
@@ -23,11 +38,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-ERROR_KEY = "dispatch/first_error"
+POLL_S = 0.02
+GRACE_S = 0.5  # after a first failure: time for the other ranks' reports to land
 
 
 class RankError(RuntimeError):
-    """A rank of a multi-process job failed; the message carries the original traceback."""
+    """A rank of a multi-process job failed; the message names it and carries the original traceback."""
 
 
 def free_port() -> int:
@@ -36,124 +52,163 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post_error(rank: int, text: str) -> None:
-    """First failing rank wins: its message is what every rank (and the caller) reports."""
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.compare_set(ERROR_KEY, "", f"rank {rank}: {text}")
-    except Exception:  # noqa: BLE001  (no store: the process group never came up)
-        pass
+def _collective_failure(exc: BaseException) -> bool:
+    """True for errors that say a peer broke a collective (the symptom, not the cause)."""
+    text = f"{type(exc).__name__} {exc}"
+    return isinstance(exc, dist.DistError) or any(
+        s in text for s in ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset", "Broken pipe"))
 
 
-def _posted_error() -> str | None:
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(datetime.timedelta(seconds=2))
-        return store.get(ERROR_KEY).decode() if store.check([ERROR_KEY]) else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def run_guarded(fn, *args, **kwargs):
-    """Call ``fn`` on this rank; on an exception, post it for the others, or re-raise a peer's."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001
-        posted = _posted_error() if dist.is_initialized() else None
-        if posted and f"rank {dist.get_rank()}:" not in posted[:12]:
-            raise RankError(f"another rank failed first: {posted}") from exc
-        if dist.is_initialized():
-            _post_error(dist.get_rank(), "".join(traceback.format_exception(exc)))
-        raise
-
-
-def _entry(rank, world_size, port, backend, timeout_s, fn, args, kwargs, results):
+def _entry(rank, world_size, port, backend, timeout_s, payload, sys_path, run_dir):
+    run_dir = pathlib.Path(run_dir)
+    sys.path[:] = sys_path  # the parent's import path: test helpers and notebooks' modules resolve
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size))
+
+    def report(suffix: str, write) -> None:
+        tmp = run_dir / f"rank{rank}.{suffix}.tmp"
+        write(tmp)
+        tmp.rename(run_dir / f"rank{rank}.{suffix}")  # atomic: the launcher never sees half a file
+
+    stack_file = open(run_dir / f"rank{rank}.stack", "w")  # noqa: SIM115  (open until the process ends)
+    faulthandler.register(signal.SIGUSR1, file=stack_file)  # the launcher asks where a late rank is
     try:
+        fn, args, kwargs = pickle.loads(payload)
         if backend == "nccl":
             torch.cuda.set_device(rank)
         else:
-            torch.set_num_threads(1)  # N ranks share the CPU cores
+            torch.set_num_threads(1)  # R ranks share the CPU cores
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-        out = run_guarded(fn, *args, **kwargs)
-        results.put((rank, "ok", out))
-        dist.barrier()  # nobody tears the group down while a peer still talks to it
-        dist.destroy_process_group()
+        out = fn(*args, **kwargs)
+        try:
+            report("result", lambda p: torch.save(out, p))
+        except Exception as exc:  # noqa: BLE001  (unpicklable result)
+            raise RankError(f"its result ({type(out).__name__}) could not be saved: {exc}") from exc
     except BaseException as exc:  # noqa: BLE001
-        results.put((rank, "error", "".join(traceback.format_exception(exc))))
-    finally:
-        results.close()
-        results.join_thread()
-    # A failed rank exits at once (no destroy: its peers may be mid-collective); its closed sockets
-    # make the peers' gloo collectives fail fast instead of waiting for the timeout.
+        head = "collective" if _collective_failure(exc) else "own"
+        text = f"{head}\n{time.time()}\n{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc))
+        report("error", lambda p: p.write_text(text))
+    while not (run_dir / "release").exists():  # keep sockets open until every rank is done
+        time.sleep(POLL_S)
     os._exit(0)
+
+
+def _death(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code} before returning a result"
 
 
 def launch(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 60.0, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return their results by rank.
 
-    backend: "gloo" (CPU ranks) or "nccl" (rank r on cuda:r). Raises :class:`RankError` with the
-    failing rank's traceback if any rank fails; ``TimeoutError`` after ``timeout_s`` (+ start-up).
+    backend: "gloo" (CPU ranks) or "nccl" (rank r on cuda:r). ``timeout_s`` bounds the whole job
+    (and every collective). Raises :class:`RankError` naming the failing rank and why.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(f"nccl with {world_size} ranks needs {world_size} GPUs, found {torch.cuda.device_count()}")
-    # gloo: one forkserver imports torch and dispatch once, then forks each rank in milliseconds
-    # (spawn would re-import torch in every rank).
-    # CUDA cannot be used in a forked child: NCCL ranks are spawned (each imports torch itself).
-    if backend == "nccl":
-        ctx = mp.get_context("spawn")
-    else:
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["dispatch.parallel.workers"])
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, timeout_s, fn, args, kwargs, results),
-                         daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    out, errors = {}, {}
-    deadline = time.monotonic() + timeout_s + 60  # + process start-up and imports
     try:
-        while len(out) + len(errors) < world_size:
-            if errors and time.monotonic() > first_error_at + 3:
-                break  # the other ranks had their chance to report; stop them
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"launch: ranks {sorted(set(range(world_size)) - set(out))} did not finish "
-                                   f"within {timeout_s} s")
-            try:
-                rank, status, value = results.get(timeout=0.2)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in out and r not in errors]
-                for r in dead:  # died without reporting (killed, segfault)
-                    if results.empty():
-                        errors[r] = f"rank {r} exited with code {procs[r].exitcode} without a result"
-                        first_error_at = time.monotonic()
-                continue
-            if status == "ok":
-                out[rank] = value
-            elif rank not in out:  # (a rank that already returned may still fail in teardown)
-                if not errors:
-                    first_error_at = time.monotonic()
-                errors[rank] = value
+        payload = pickle.dumps((fn, args, kwargs))
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"launch: fn and its arguments must be picklable (fn a module-level function): {exc}") from exc
+    if backend == "nccl":  # CUDA cannot be used in a forked child: each NCCL rank imports torch itself
+        ctx = mp.get_context("spawn")
+    else:  # one forkserver imports torch and the library once, then forks each rank in milliseconds
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["dispatch.parallel"])
+    run_dir = pathlib.Path(tempfile.mkdtemp(prefix="dispatch-launch-"))
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, timeout_s, payload, list(sys.path),
+                                              str(run_dir)), daemon=True) for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        return _collect(procs, run_dir, timeout_s)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-    if errors:
-        # Prefer the rank that failed first (peers report "another rank failed first: ...").
-        first = sorted(errors, key=lambda r: ("another rank failed first" in errors[r], r))[0]
-        raise RankError(f"rank {first} of {world_size} failed:\n{errors[first]}")
-    return [out[r] for r in range(world_size)]
+        (run_dir / "release").touch()
+        _end(procs)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _collect(procs, run_dir: pathlib.Path, timeout_s: float) -> list:
+    R = len(procs)
+    deadline, first_failure = time.monotonic() + timeout_s, None
+    done, failed = {}, {}  # rank -> result / (kind, time, message)
+    while len(done) + len(failed) < R:
+        now = time.monotonic()
+        if first_failure is not None and now > first_failure + GRACE_S:
+            break
+        if now > deadline:
+            late = [r for r in range(R) if r not in done and r not in failed]
+            failed.update(_where(procs, late, run_dir, timeout_s))
+            break
+        for r, p in enumerate(procs):
+            if r in done or r in failed:
+                continue
+            if (run_dir / f"rank{r}.result").exists():
+                done[r] = run_dir / f"rank{r}.result"
+            elif (run_dir / f"rank{r}.error").exists():
+                kind, at, text = (run_dir / f"rank{r}.error").read_text().split("\n", 2)
+                failed[r] = (kind, float(at), "raised " + text)
+            elif not p.is_alive():
+                failed[r] = ("own", time.time(), _death(p.exitcode))
+            if r in failed and first_failure is None:
+                first_failure = time.monotonic()
+        time.sleep(POLL_S)
+    if failed:
+        # The cause: a rank that failed on its own (not inside a broken collective), earliest first.
+        order = sorted(failed, key=lambda r: (failed[r][0] != "own", failed[r][1], r))
+        first = order[0]
+        others = "".join(f"\n  also rank {r}: {failed[r][2].splitlines()[0][:200]}" for r in order[1:])
+        raise RankError(f"rank {first} of {R} {failed[first][2].rstrip()}{others}")
+    return [torch.load(done[r], weights_only=False) for r in range(R)]
+
+
+def _where(procs, late, run_dir: pathlib.Path, timeout_s: float) -> dict:
+    """Late ranks' innermost Python frames (faulthandler, on SIGUSR1): a rank waiting inside
+    torch.distributed is the symptom; one stuck anywhere else is the cause."""
+    for r in late:
+        if procs[r].is_alive():
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    time.sleep(0.3)
+    out = {}
+    for r in late:
+        path = run_dir / f"rank{r}.stack"
+        frames = [ln.strip() for ln in (path.read_text() if path.exists() else "").splitlines()
+                  if ln.strip().startswith("File ")]
+        waiting = bool(frames) and "torch/distributed" in frames[0]
+        where = f"; it was {'waiting in a collective' if waiting else 'at'}: {frames[0]}" if frames else ""
+        if waiting:
+            user = [f for f in frames if "torch/distributed" not in f]
+            where += f" (called from {user[0]})" if user else ""
+        out[r] = ("collective" if waiting else "own", time.time(),
+                  f"did not finish within timeout_s={timeout_s:g} s{where}")
+    return out
+
+
+def _end(procs) -> None:
+    procs = [p for p in procs if p.pid is not None]  # (a start may have failed)
+    for p in procs:
+        if p.is_alive():
+            p.join(0.3)  # released ranks exit on their own within a poll
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(1.0)
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
 
 
 def init_from_env(backend: str = "auto", timeout_s: float = 120.0) -> tuple[int, int]:

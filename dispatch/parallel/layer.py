@@ -1,118 +1,178 @@
-"""The expert-parallel MoE layer, and the single-device layer it is bit-identical to.
+"""The expert-parallel MoE layer: a :class:`dispatch.MoELayer` spread over the ranks of a group.
 
-    x_TH (this rank's tokens) → router (replicated) → weights_TK, ids_TK
-        → dispatch (rows to the ranks holding their experts) → local experts → combine (k order)
-        → + shared expert (replicated) → y_TH
+    ep = parallelize(MoELayer(cfg, w), placement, group)      # or ExpertParallelMoE.from_layer(...)
+    y_TH = ep(x_TH)                                           # this rank's tokens only
 
-``moe_single`` is the same computation on one device over the global batch (every rank's tokens
-concatenated in rank order); ``ExpertParallelMoE`` on R ranks returns, on each rank, exactly the
-rows of that output belonging to its tokens — bit for bit, at every world size.
+    x_TH → router (replicated) → weights_TK, ids_TK → dispatch (each token once per rank)
+         → this rank's experts: the grouped GEMM on the tokens that arrived, each row computed
+           only where it is routed → combine (rows home, Σ_k in k order) → + shared expert → y_TH
+
+Rank r keeps only ``placement.slots_RS[r]``'s experts; router and shared expert are replicated.
+Bit-identity: the grouped GEMM runs with a pinned :class:`GemmConfig`, so a routed row's output
+depends only on that row (token, expert, weight), never on which other rows share its tiles. The
+same layer on one device, ``MoELayer(cfg, w, path="triton", config=<the same config>)``, then gives
+the same bits for the same tokens, at every world size and with replicated experts.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
+import triton
+from torch import nn
 
-from dispatch.config import MoEConfig, MoEWeights
-from dispatch.parallel.dispatch import check_routing, combine, dispatch, gather_combine, inverse
-from dispatch.parallel.experts import ExpertFn, default_expert_fn, linear_rows, swiglu_rows
+from dispatch import runtime
+from dispatch.config import MoEConfig
+from dispatch.kernels import gemm_config as gc
+from dispatch.kernels import gemv
+from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
+from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
+from dispatch.kernels.routing import route
+from dispatch.kernels.sort import sort_by_expert
+from dispatch.moe import MoELayer
+from dispatch.parallel.dispatch import check_routing, combine, dispatch
+from dispatch.parallel.launch import check_same_everywhere
 from dispatch.parallel.placement import Placement
-from dispatch.reference import check_input, route_reference
+from dispatch.reference import check_input, router_logits, shared_reference
 
 
-def route_rows(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights):
-    """Router with row-independent logits (so a token's routing never depends on its batch)."""
-    return route_reference(linear_rows(x_TH, w.router_EH), cfg, w.bias_E)
+def pinned_config(device) -> gc.GemmConfig:
+    """The tile config both the expert-parallel layer and its one-device twin use by default."""
+    return gc.INTERPRET_CONFIG if runtime.INTERPRET or torch.device(device).type != "cuda" else gc.GemmConfig()
 
 
-def shared_rows(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor | None:
-    """The shared expert (gated for Qwen2-MoE), row-independent, in x's dtype; None if absent."""
-    if not cfg.shared_intermediate_size:
-        return None
-    out = swiglu_rows(x_TH, w.shared_gate_up_2SH, w.shared_down_HS)
-    if cfg.shared_gate:
-        out = torch.sigmoid(linear_rows(x_TH, w.shared_gate_1H)) * out
-    return out.to(x_TH.dtype)
+def pinned_decode_config(device) -> gemv.DecodeConfig:
+    """The decode path's tiles for both the expert-parallel layer and ``moe_decode(..., config=)``."""
+    return gemv.INTERPRETER if runtime.INTERPRET or torch.device(device).type != "cuda" else gemv.FEW_EXPERTS
 
 
-def experts_single(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, expert_fn: ExpertFn) -> torch.Tensor:
-    """The routed experts on one device: stable sort of rows n = t·K + k by expert, ``expert_fn``,
-    unsort, k-order combine. [T, H] → [T, H]."""
-    T, K = ids_TK.shape
-    E = gate_up_E2IH.shape[0]
-    ids_N = ids_TK.reshape(-1).long()
-    order_N = torch.argsort(ids_N, stable=True)
-    counts_E = tuple(torch.zeros(E, dtype=torch.int64, device=ids_N.device)
-                     .scatter_add_(0, ids_N, torch.ones_like(ids_N)).tolist())
-    out_sorted = expert_fn(x_TH[order_N // K], weights_TK.float().reshape(-1)[order_N], counts_E,
-                           gate_up_E2IH, down_EHI)
-    return gather_combine(out_sorted, inverse(order_N), K)
+def local_decode(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg: gemv.DecodeConfig) -> torch.Tensor:
+    """The decode kernels (few rows) on the received tokens: rows m·K + k with slots_MK < L →
+    out_VH [M·K, H] in fp32, weighted (the decode path sums fp32 rows, so they travel in fp32).
+    Slot L lies outside [0, L): the kernels never form a group for it."""
+    M, K = slots_MK.shape
+    L, H, I = gate_up_L2IH.shape[0], x_MH.shape[1], down_LHI.shape[2]
+    out_VH = torch.empty(M * K, H, dtype=torch.float32, device=x_MH.device)
+    if M == 0 or L == 0:
+        return out_VH
+    # TODO(lib): the first two launches of moe_decode, as a function returning out_NH, would replace these.
+    x_MH, slots_MK, weights_MK = x_MH.contiguous(), slots_MK.contiguous(), weights_MK.float().contiguous()
+    N, slots = M * K, min(L, M * K)
+    block_e = max(16, triton.next_power_of_2(L))
+    chunk_n = max(16, min(triton.next_power_of_2(N), 8192 // block_e))
+    h_VI = torch.empty(N, I, dtype=x_MH.dtype, device=x_MH.device)
+    _up_swiglu_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(I, cfg.block_i)))](
+        x_MH, slots_MK, gate_up_L2IH, h_VI, N, K, L, H, I, x_MH.stride(0), slots_MK.stride(0), slots_MK.stride(1),
+        gate_up_L2IH.stride(0), gate_up_L2IH.stride(1), h_VI.stride(0), BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i,
+        BLOCK_H=cfg.block_h, BLOCK_E=block_e, CHUNK_N=chunk_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    _down_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
+        h_VI, slots_MK, weights_MK, down_LHI, out_VH, N, K, L, H, I, slots_MK.stride(0), slots_MK.stride(1),
+        weights_MK.stride(0), weights_MK.stride(1), down_LHI.stride(0), down_LHI.stride(1), h_VI.stride(0),
+        out_VH.stride(0), BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=block_e,
+        CHUNK_N=chunk_n, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    return out_VH
 
 
-def moe_single(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights, expert_fn: ExpertFn | None = None) -> torch.Tensor:
-    """The single-device layer the expert-parallel one must match bit for bit."""
-    check_input(x_TH, cfg, w)
-    expert_fn = expert_fn or default_expert_fn(x_TH.device)
-    weights_TK, ids_TK = route_rows(x_TH, cfg, w)
-    y_TH = experts_single(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, expert_fn)
-    shared_TH = shared_rows(x_TH, cfg, w)
-    return y_TH if shared_TH is None else y_TH + shared_TH
+def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: gc.GemmConfig) -> torch.Tensor:
+    """Rows m·K + k with slots_MK[m, k] < L through local expert slots_MK[m, k] (grouped GEMM,
+    weighted): → out_VH [M·K, H] in x's dtype. Rows with slot L are not computed (left unset)."""
+    M, K = slots_MK.shape
+    L, H = gate_up_L2IH.shape[0], x_MH.shape[1]
+    if M == 0 or L == 0:
+        return x_MH.new_empty(M * K, H)
+    # Slot L is a bin for the rows computed elsewhere: sorted last, its blocks marked unused (-1).
+    routes = sort_by_expert(slots_MK, L + 1, config.block_m)
+    routes = dataclasses.replace(routes, num_experts=L, block_expert_B=torch.where(
+        routes.block_expert_B == L, -1, routes.block_expert_B))
+    h_PI = grouped_up_swiglu(x_MH, routes, gate_up_L2IH, config=config)
+    return grouped_down(h_PI, routes, down_LHI, weights_MK, config=config)
 
 
-class ExpertParallelMoE:
-    """One MoE layer spread over the ranks of ``group``: rank r keeps only ``placement.slots_RS[r]``'s
-    experts (router and shared expert are replicated).
+class ExpertParallelMoE(nn.Module):
+    """One MoE layer over the ranks of ``group``; build it with :meth:`from_layer` or :func:`parallelize`.
 
-    Args: cfg, w (full weights; only this rank's experts are kept), placement (default: contiguous),
-    group (default: the world), expert_fn (default per device), transport ("collective" =
-    all_to_all_single over NCCL/gloo, or a :class:`dispatch.parallel.p2p.P2PTransport`).
+    capacity: None (exact splits, one host sync per call) or C, the most tokens any rank passes
+    (static splits, no host sync: CUDA-graph capturable). path: "grouped" (the grouped GEMM, tiles
+    ``config``, default :func:`pinned_config`; twin ``MoELayer(path="triton", config=...)``) or
+    "decode" (the decode kernels for few rows, tiles ``decode_config``, default
+    :func:`pinned_decode_config`; twin ``moe_decode(..., config=...)``). transport: "collective"
+    (all_to_all_single over NCCL/gloo) or a :class:`dispatch.parallel.p2p.P2PTransport` (for
+    "decode", built with ``rows_dtype=torch.float32``).
     """
 
-    def __init__(self, cfg: MoEConfig, w: MoEWeights, placement: Placement | None = None, *, group=None,
-                 expert_fn: ExpertFn | None = None, transport="collective"):
-        from dispatch.parallel.launch import check_same_everywhere
-
-        w.validate(cfg)
+    def __init__(self, cfg: MoEConfig, weights, placement: Placement | None = None, *, group=None,
+                 capacity: int | None = None, config: gc.GemmConfig | None = None, transport="collective",
+                 path: str = "grouped", decode_config: gemv.DecodeConfig | None = None):
+        super().__init__()
+        weights.validate(cfg)
+        if path not in ("grouped", "decode"):
+            raise ValueError(f"path must be 'grouped' or 'decode', got {path!r}")
+        ret = getattr(transport, "ret", None)  # a P2PTransport's return buffer
+        if path == "decode" and ret is not None and ret.dtype != torch.float32:
+            raise ValueError("the decode path returns fp32 rows: build the P2PTransport with rows_dtype=torch.float32")
+        self.path = path
+        self.decode_config = decode_config or pinned_decode_config(weights.gate_up_E2IH.device)
         if placement is not None and not isinstance(placement, Placement):
             raise ValueError(f"placement must be a dispatch.parallel.Placement, got {type(placement).__name__}")
-        self.cfg, self.group = cfg, group
+        self.cfg, self.group, self.capacity, self.transport = cfg, group, capacity, transport
         self.rank, R = dist.get_rank(group), dist.get_world_size(group)
         self.placement = placement if placement is not None else Placement.contiguous(cfg.num_experts, R)
         if self.placement.num_experts != cfg.num_experts or self.placement.num_ranks != R:
             raise ValueError(f"placement is for E={self.placement.num_experts}, R={self.placement.num_ranks}; "
                              f"the layer has E={cfg.num_experts} on R={R} ranks")
-        check_same_everywhere(group, cfg=cfg, placement=self.placement, dtype=w.gate_up_E2IH.dtype)
-        self.slots = list(self.placement.slots_RS[self.rank])
-        idx = torch.tensor(self.slots, dtype=torch.long, device=w.gate_up_E2IH.device)
-        self.gate_up_L2IH = w.gate_up_E2IH.index_select(0, idx).contiguous()
-        self.down_LHI = w.down_EHI.index_select(0, idx).contiguous()
-        # Replicated parts only (empty expert tensors: no view that would keep all experts alive).
-        self.shared = MoEWeights(router_EH=w.router_EH, gate_up_E2IH=w.gate_up_E2IH.new_empty(0),
-                                 down_EHI=w.down_EHI.new_empty(0),
-                                 bias_E=w.bias_E, shared_gate_up_2SH=w.shared_gate_up_2SH,
-                                 shared_down_HS=w.shared_down_HS, shared_gate_1H=w.shared_gate_1H)
-        self.expert_fn = expert_fn or default_expert_fn(w.gate_up_E2IH.device)
-        self.transport = transport
+        self.config = config or pinned_config(weights.gate_up_E2IH.device)
+        check_same_everywhere(group, cfg=cfg, placement=self.placement, dtype=weights.gate_up_E2IH.dtype,
+                              capacity=capacity, config=self.config, path=path, decode_config=self.decode_config)
+        idx = torch.tensor(self.placement.slots_RS[self.rank], dtype=torch.long, device=weights.gate_up_E2IH.device)
+        self.register_buffer("gate_up_L2IH", weights.gate_up_E2IH.index_select(0, idx).contiguous())
+        self.register_buffer("down_LHI", weights.down_EHI.index_select(0, idx).contiguous())
+        # Replicated parts only (no view that would keep every expert alive).
+        self.replicated = dataclasses.replace(weights, gate_up_E2IH=weights.gate_up_E2IH.new_empty(0),
+                                              down_EHI=weights.down_EHI.new_empty(0))
 
-    def experts(self, x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
-        """Routed experts only: dispatch → local experts → combine. [T, H] → [T, H]."""
-        check_routing(x_TH, weights_TK, ids_TK, self.cfg.num_experts)
-        if x_TH.shape[1] != self.cfg.hidden_size or ids_TK.shape[1] != self.cfg.top_k:
-            raise ValueError(f"x must be [T, H={self.cfg.hidden_size}] and ids_TK [T, K={self.cfg.top_k}], got "
-                             f"{tuple(x_TH.shape)} and {tuple(ids_TK.shape)}")
+    @classmethod
+    def from_layer(cls, layer: MoELayer, placement: Placement | None = None, group=None, **kw) -> "ExpertParallelMoE":
+        """The expert-parallel form of ``layer`` (its config, weights and pinned tiles, if any)."""
+        if not isinstance(layer, MoELayer):
+            raise ValueError(f"layer must be a dispatch.MoELayer, got {type(layer).__name__}")
+        kw.setdefault("config", layer.gemm_config)
+        return cls(layer.cfg, layer.weights, placement, group=group, **kw)
+
+    def experts(self, x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, *,
+                check_ids: bool | None = None) -> torch.Tensor:
+        """Routed experts only: dispatch → local experts → combine. [T, H] → [T, H]. ``check_ids``:
+        raise for ids outside [0, E) (default on CPU); unchecked, such a row adds nothing."""
+        cfg = self.cfg
+        check_routing(x_TH, weights_TK, ids_TK, cfg.num_experts, cfg.hidden_size, cfg.top_k, check_ids)
         if x_TH.dtype != self.gate_up_L2IH.dtype:
             raise ValueError(f"x has dtype {x_TH.dtype} but the expert weights are {self.gate_up_L2IH.dtype}")
+        if not runtime.triton_ok(x_TH) or (x_TH.device.type == "cpu" and x_TH.dtype == torch.bfloat16):
+            raise ValueError(f"the expert kernels need CUDA, or fp32/fp16 on CPU under TRITON_INTERPRET=1 "
+                             f"(x is {x_TH.dtype} on {x_TH.device})")
         if self.transport == "collective":
-            x_MH, weight_M, counts_L, meta = dispatch(x_TH, weights_TK, ids_TK, self.placement, self.group)
-            return combine(self.expert_fn(x_MH, weight_M, counts_L, self.gate_up_L2IH, self.down_LHI), meta, self.group)
-        x_MH, weight_M, counts_L, meta = self.transport.dispatch(x_TH, weights_TK, ids_TK)
-        out_MH = self.expert_fn(x_MH, weight_M, counts_L, self.gate_up_L2IH, self.down_LHI)
-        return self.transport.combine(out_MH, meta)
+            x_MH, weights_MK, slots_MK, meta = dispatch(x_TH, weights_TK, ids_TK, self.placement, self.group,
+                                                        capacity=self.capacity, check_ids=False)
+            y_TH = combine(self._local(x_MH, weights_MK, slots_MK), meta, self.group)
+        else:
+            x_MH, weights_MK, slots_MK = self.transport.dispatch(x_TH, weights_TK, ids_TK)
+            y_TH = self.transport.combine(self._local(x_MH, weights_MK, slots_MK), x_TH.shape[0])
+        return y_TH.to(x_TH.dtype)  # (the decode path sums fp32 rows: one cast, as on one device)
 
-    def __call__(self, x_TH: torch.Tensor) -> torch.Tensor:
-        if x_TH.dim() != 2 or x_TH.shape[1] != self.cfg.hidden_size:
-            raise ValueError(f"x must have shape [T, H={self.cfg.hidden_size}], got {tuple(x_TH.shape)}")
-        weights_TK, ids_TK = route_rows(x_TH, self.cfg, self.shared)
+    def _local(self, x_MH, weights_MK, slots_MK) -> torch.Tensor:
+        if self.path == "decode":
+            return local_decode(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.decode_config)
+        return local_experts(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.config)
+
+    def forward(self, x_TH: torch.Tensor) -> torch.Tensor:
+        check_input(x_TH, self.cfg)
+        w = self.replicated
+        weights_TK, ids_TK = route(router_logits(x_TH, self.cfg, w), self.cfg, w.bias_E)
         y_TH = self.experts(x_TH, weights_TK, ids_TK)
-        shared_TH = shared_rows(x_TH, self.cfg, self.shared)
+        shared_TH = shared_reference(x_TH, self.cfg, w)
         return y_TH if shared_TH is None else y_TH + shared_TH
+
+
+def parallelize(layer: MoELayer, placement: Placement | None = None, group=None, **kw) -> ExpertParallelMoE:
+    """gpt-fast style: the expert-parallel form of ``layer`` on this rank (see :class:`ExpertParallelMoE`)."""
+    return ExpertParallelMoE.from_layer(layer, placement, group, **kw)

@@ -1,34 +1,53 @@
-"""The peer-to-peer path: Triton kernels store rows straight into the destination GPU's memory.
+"""The peer-to-peer path: Triton kernels store tokens straight into the destination GPU's memory.
 
-Every rank allocates, through torch's symmetric memory (CUDA backend, no multicast), a receive
-buffer with one region per source rank, a return buffer with one region per destination, row
-metadata and 2R int32 flags, all mapped into every peer. Then, with no NCCL and no host sync:
+Every rank allocates, through torch's symmetric memory (CUDA backend, no multicast), buffers mapped
+into every peer: ``recv`` [R·C, H] (one region of C token rows per source), ``meta`` [R·C, 2K+1]
+int32 (K expert ids, -1 where this rank does not compute the row; K fp32 weights as bits; the
+token's index at home), ``counts`` [R] (tokens from each source), ``ret`` [C·K, H] (the home's
+routed rows n = t·K + k) and 2R int32 flags. Then, with no NCCL and no host sync:
 
-    dispatch  _dispatch_rows: routed row n of rank s goes to recv[s·N + pos] of rank d = dest(n),
-              pos = its place among s's rows for d (n order), with (expert id, weight) and the
-              count; each program then makes one *release* add to d's flag[s].
-              _wait: spin (*acquire*) until every source's flag holds ``programs``, then take
-              them off again (so the next round starts from 0 and nothing depends on the host).
-    combine   _return_rows: each valid received slot goes back to its source's ret[d·N + pos];
-              the same flags dance; then y_TH[t] = Σ_k ret[home(t, k)] in k order (one launch).
+    dispatch  _send_tokens: token t goes once to each rank d computing one of its rows, into
+              d's recv[rank·C + pos], with its meta; each program then makes one *release* add
+              to every d's flag[rank]. _wait: acquire-spin until every source's flag holds the
+              number of programs, then take it off again (the next round starts from 0).
+    experts   the grouped GEMM on recv (rows of other ranks and stale slots are not computed)
+    combine   _return_rows: computed row (j, k) goes to its source's ret[t·K + k]; the same flags
+              dance; then combine(ret[:T·K], K) in k order — the one-device combine, same bits.
 
-Static shapes and grids everywhere, so a round trip can be captured in a CUDA graph. Row order
-is the collective path's (source-major, then n): the output is the same bits. One rank per GPU,
-GPUs with peer access (NVLink), at most 8 ranks. A round's dispatch must be followed by its combine.
+Static shapes and grids everywhere, so a round trip can be captured in a CUDA graph. One rank per
+GPU, GPUs with peer access (NVLink), at most 8 ranks. Each dispatch must be followed by its combine.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from dispatch.parallel.dispatch import gather_combine
+from dispatch import runtime
+from dispatch.kernels.combine import combine as combine_k
+from dispatch.parallel.dispatch import check_routing, plan
 from dispatch.parallel.placement import Placement
 
 MAX_RANKS = 8
-ROWS = 4  # rows per block
-MAX_PROGRAMS = 264  # 2 per SM of an H200: enough to fill NVLink, few system-scope signals
+
+
+@dataclass(frozen=True)
+class P2PConfig:
+    """Copy-kernel launch: rows per block, programs per SM (a grid-stride loop), warps."""
+
+    rows: int = 8
+    programs_per_sm: int = 2
+    num_warps: int = 8
+    block_h: int = 2048  # most elements of a row per store; H up to this in one go
+
+    def programs(self, blocks: int, device) -> int:
+        sms = runtime.num_sms(device) if hasattr(runtime, "num_sms") else (
+            torch.cuda.get_device_properties(device).multi_processor_count if torch.device(device).type == "cuda"
+            else 4)
+        return max(1, min(blocks, self.programs_per_sm * sms))
 
 
 @triton.jit
@@ -39,54 +58,58 @@ def _signal(flags, slot, R: tl.constexpr):
 
 
 @triton.jit
-def _dispatch_rows(x, ids, weights, dest, pos, counts, N_rows, H, rank, N, recvs, metas, flags,
-                   R: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
-    # Routed row n (< N_rows) → rank dest[n], row rank·N + pos[n]; peers' buffers are int addresses.
-    # A fixed number of programs loops over blocks of ROWS rows: fewer system-scope signals.
+def _send_tokens(x, ids, weights, dest, pos, counts, T, H, rank, C, recvs, metas, homes, cnts, flags,
+                 R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
+    # Token t → rank d (where pos[t, d] >= 0) at row rank·C + pos[t, d]; peers' buffers are addresses.
     pid = tl.program_id(0)
-    for blk in range(pid, tl.cdiv(N_rows, ROWS), tl.num_programs(0)):
-        n = blk * ROWS + tl.arange(0, ROWS)
-        live = n < N_rows
-        d_n = tl.load(dest + n, mask=live, other=-1)
-        at = rank * N + tl.load(pos + n, mask=live, other=0).to(tl.int64)
-        t = (n // K).to(tl.int64)
-        for h0 in range(0, H, BLOCK_H):
-            cols = h0 + tl.arange(0, BLOCK_H)
-            cm = cols[None, :] < H
-            vals = tl.load(x + t[:, None] * H + cols[None, :], mask=live[:, None] & cm)
-            for d in tl.static_range(R):
-                recv = tl.multiple_of(recvs[d].to(tl.pointer_type(x.dtype.element_ty)), 16)  # 16 B: wide stores
-                tl.store(recv + at[:, None] * H + cols[None, :], vals, mask=(d_n[:, None] == d) & cm)
-        e_n = tl.load(ids + n, mask=live, other=0).to(tl.int32)
-        w_n = tl.load(weights + n, mask=live, other=0.0).to(tl.int32, bitcast=True)
+    ks = tl.arange(0, KP)
+    for blk in range(pid, tl.cdiv(T, ROWS), tl.num_programs(0)):
+        t = (blk * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+        live = t < T
+        tk = t[:, None] * K + ks[None, :]
+        lk = live[:, None] & (ks[None, :] < K)
+        id_tk = tl.load(ids + tk, mask=lk, other=-1).to(tl.int32)
+        dest_tk = tl.load(dest + tk, mask=lk, other=-1)
+        w_tk = tl.load(weights + tk, mask=lk, other=0.0).to(tl.int32, bitcast=True)
         for d in tl.static_range(R):
-            meta = metas[d].to(tl.pointer_type(tl.int32))
-            tl.store(meta + at * 2, e_n, mask=d_n == d)
-            tl.store(meta + at * 2 + 1, w_n, mask=d_n == d)
-    if pid == 0:  # how many rows this rank sends to each d, after d's row metadata
+            p_t = tl.load(pos + t * R + d, mask=live, other=-1)
+            go = p_t >= 0
+            at = rank * C + p_t
+            recv = tl.multiple_of(recvs[d].to(tl.pointer_type(x.dtype.element_ty)), 16)  # 16 B: wide stores
+            for h0 in range(0, H, BLOCK_H):
+                cols = h0 + tl.arange(0, BLOCK_H)
+                m = go[:, None] & (cols[None, :] < H)
+                row = tl.load(x + t[:, None] * H + cols[None, :], mask=m)
+                tl.store(recv + at[:, None] * H + cols[None, :], row, mask=m)
+            meta = metas[d].to(tl.pointer_type(tl.int32)) + at[:, None] * (2 * K) + ks[None, :]
+            km = go[:, None] & (ks[None, :] < K)
+            tl.store(meta, tl.where(dest_tk == d, id_tk, -1), mask=km)
+            tl.store(meta + K, w_tk, mask=km)
+            tl.store(homes[d].to(tl.pointer_type(tl.int32)) + at, t.to(tl.int32), mask=go)
+    if pid == 0:  # how many tokens this rank sends to each d
         for d in tl.static_range(R):
-            meta = metas[d].to(tl.pointer_type(tl.int32))
-            tl.store(meta + 2 * R * N + rank, tl.load(counts + d).to(tl.int32))
+            tl.store(cnts[d].to(tl.pointer_type(tl.int32)) + rank, tl.load(counts + d).to(tl.int32))
     _signal(flags, rank, R)
 
 
 @triton.jit
-def _return_rows(src, meta, H, rank, N, rets, flags, R: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
-    # Received slot j = s·N + p (valid while p < count from s) → rank s's ret row rank·N + p.
+def _return_rows(src, to_rank, to_row, V, H, rank, rets, flags, R: tl.constexpr, DIV: tl.constexpr,
+                 BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
+    # Computed row v (to_rank[v] = its home rank s, or -1) → s's ret[to_row[v]]; it reads src row
+    # v // DIV (DIV = K: straight from the received tokens, the benchmark's identity experts).
     pid = tl.program_id(0)
-    for blk in range(pid, tl.cdiv(R * N, ROWS), tl.num_programs(0)):
-        j = blk * ROWS + tl.arange(0, ROWS)
-        s_j = j // N
-        p_j = (j % N).to(tl.int64)
-        ok = (j < R * N) & (p_j < tl.load(meta + 2 * R * N + s_j, mask=j < R * N, other=0))
-        for h0 in range(0, H, BLOCK_H):
-            cols = h0 + tl.arange(0, BLOCK_H)
-            cm = cols[None, :] < H
-            vals = tl.load(src + j[:, None].to(tl.int64) * H + cols[None, :], mask=ok[:, None] & cm)
-            for d in tl.static_range(R):
-                ret = tl.multiple_of(rets[d].to(tl.pointer_type(src.dtype.element_ty)), 16)
-                tl.store(ret + (rank * N + p_j[:, None]) * H + cols[None, :], vals,
-                         mask=ok[:, None] & (s_j[:, None] == d) & cm)
+    for blk in range(pid, tl.cdiv(V, ROWS), tl.num_programs(0)):
+        v = (blk * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+        s_v = tl.load(to_rank + v, mask=v < V, other=-1)
+        r_v = tl.load(to_row + v, mask=v < V, other=0).to(tl.int64)
+        for d in tl.static_range(R):
+            go = s_v == d
+            ret = tl.multiple_of(rets[d].to(tl.pointer_type(src.dtype.element_ty)), 16)
+            for h0 in range(0, H, BLOCK_H):
+                cols = h0 + tl.arange(0, BLOCK_H)
+                m = go[:, None] & (cols[None, :] < H)
+                vals = tl.load(src + (v // DIV)[:, None] * H + cols[None, :], mask=m)
+                tl.store(ret + r_v[:, None] * H + cols[None, :], vals, mask=m)
     _signal(flags, R + rank, R)
 
 
@@ -104,16 +127,17 @@ def _wait(flags, first, programs, R: tl.constexpr):
 class P2PTransport:
     """Dispatch/combine through symmetric memory for ``placement`` on the ranks of ``group``.
 
-    ``max_tokens``: the most tokens any rank passes (buffers hold R × max_tokens·K rows, the same
-    on every rank). Use as ``ExpertParallelMoE(..., transport=P2PTransport(...))``.
+    ``max_tokens`` (C): the most tokens any rank passes, the same on every rank. ``rows_dtype``:
+    the returned rows' dtype (default x's; fp32 for the layer's decode path). Use as
+    ``parallelize(layer, placement, transport=P2PTransport(...))``.
     """
 
-    def __init__(self, cfg, placement: Placement, *, max_tokens: int, dtype, device, group=None):
+    def __init__(self, cfg, placement: Placement, *, max_tokens: int, dtype, device, group=None,
+                 config: P2PConfig = P2PConfig(), rows_dtype=None):
         import torch.distributed._symmetric_memory as symm_mem
 
         group = group or dist.group.WORLD
         rank, R = dist.get_rank(group), dist.get_world_size(group)
-        N, H = max_tokens * cfg.top_k, cfg.hidden_size
         keep = []  # the allocations and handles must outlive every view of them (else: unmapped)
 
         def symmetric(shape, dt):
@@ -122,123 +146,125 @@ class P2PTransport:
             keep.append((buf, handle))
             return tuple(buf if p == rank else handle.get_buffer(p, shape, dt) for p in range(R)), handle
 
-        peers = {"recv": symmetric((R * N, H), dtype)[0], "ret": symmetric((R * N, H), dtype)[0],
-                 "meta": symmetric((R * N * 2 + R,), torch.int32)[0]}
+        peers = {name: symmetric(shape, dt)[0]
+                 for name, shape, dt in _buffers(cfg, R, max_tokens, dtype, rows_dtype)[:-1]}
         peers["flags"], handle = symmetric((2 * R,), torch.int32)
         peers["flags"][rank].zero_()
         torch.cuda.synchronize(device)
         handle.barrier()  # flags are zero everywhere before anyone signals
         self._keep = keep
-        self._setup(cfg, placement, rank, R, max_tokens, peers)
+        self._setup(cfg, placement, rank, R, max_tokens, peers, config)
 
     @classmethod
-    def simulated(cls, cfg, placement: Placement, *, max_tokens: int, dtype, device="cpu"):
+    def simulated(cls, cfg, placement: Placement, *, max_tokens: int, dtype, device="cpu",
+                  config: P2PConfig = P2PConfig(rows=4, programs_per_sm=1), rows_dtype=None):
         """All R ranks in one process over ordinary tensors (tests under Triton's interpreter):
-        one transport per rank; call ``send(..., wait=False)`` on each, then ``wait_in()`` on each."""
-        R, N, H = placement.num_ranks, max_tokens * cfg.top_k, cfg.hidden_size
-        peers = {"recv": [torch.zeros(R * N, H, dtype=dtype, device=device) for _ in range(R)],
-                 "ret": [torch.zeros(R * N, H, dtype=dtype, device=device) for _ in range(R)],
-                 "meta": [torch.zeros(R * N * 2 + R, dtype=torch.int32, device=device) for _ in range(R)],
-                 "flags": [torch.zeros(2 * R, dtype=torch.int32, device=device) for _ in range(R)]}
+        one transport per rank; ``send(..., wait=False)`` on each, then ``wait_in()`` on each."""
+        R = placement.num_ranks
+        peers = {name: [torch.zeros(shape, dtype=dt, device=device) for _ in range(R)]
+                 for name, shape, dt in _buffers(cfg, R, max_tokens, dtype, rows_dtype)}
         out = []
         for rank in range(R):
             t = cls.__new__(cls)
-            t._setup(cfg, placement, rank, R, max_tokens, peers)
+            t._setup(cfg, placement, rank, R, max_tokens, peers, config)
             out.append(t)
         return out
 
-    def _setup(self, cfg, placement, rank, R, max_tokens, peers):
+    def _setup(self, cfg, placement, rank, R, max_tokens, peers, config):
         if R > MAX_RANKS:
             raise ValueError(f"the peer-to-peer path supports at most {MAX_RANKS} ranks, got {R}")
         if placement.num_ranks != R:
             raise ValueError(f"placement is for {placement.num_ranks} ranks, the group has {R}")
-        self.placement, self.rank, self.R, self.K, self.H = placement, rank, R, cfg.top_k, cfg.hidden_size
-        self.N = max_tokens * cfg.top_k  # rows per source region
-        self.recv, self.ret, self.meta, self.flags = (peers[k][rank] for k in ("recv", "ret", "meta", "flags"))
+        self.cfg, self.placement, self.rank, self.R, self.C = cfg, placement, rank, R, max_tokens
+        self.K, self.H, self.config = cfg.top_k, cfg.hidden_size, config
+        for name in ("recv", "meta", "home", "counts", "ret", "flags"):
+            setattr(self, name, peers[name][rank])
         # Peers' buffers go to the kernels as integer addresses (Triton refuses a tensor argument
         # that lives on another GPU) and become pointers again inside them.
-        self.recv_at, self.ret_at, self.meta_at, self.flags_at = (
-            tuple(t.data_ptr() for t in peers[k]) for k in ("recv", "ret", "meta", "flags"))
-        self.slot_E = placement.tables(self.recv.device)[2][rank]  # local slot of each expert here
+        self.at = {name: tuple(t.data_ptr() for t in peers[name]) for name in ("recv", "meta", "home", "counts", "ret",
+                                                                                 "flags")}
+        dev = self.recv.device
+        self.slot_E = placement.tables(dev)[2][rank]  # local slot of each expert here, -1 if none
         self.L = len(placement.slots_RS[rank])
-        self.programs_out = min(triton.cdiv(self.N, ROWS), MAX_PROGRAMS)
-        self.programs_back = min(triton.cdiv(R * self.N, ROWS), MAX_PROGRAMS)
-        self.block_h = min(1024, triton.next_power_of_2(self.H))
-        self.arange_R = torch.arange(R, device=self.recv.device)
-        self._f32 = torch.zeros(1, dtype=torch.float32, device=self.recv.device)  # stands in when T = 0
+        self.programs_out = config.programs(triton.cdiv(max_tokens, config.rows), dev)
+        self.programs_back = config.programs(triton.cdiv(R * max_tokens * self.K, config.rows), dev)
+        self.block_h = min(config.block_h, triton.next_power_of_2(self.H))
+        j_M = torch.arange(R * max_tokens, device=dev)
+        self.source_M, self.p_M, self.k_K = j_M // max_tokens, j_M % max_tokens, torch.arange(self.K, device=dev)
+        self._f32 = torch.zeros(1, device=dev)  # stands in for the weights when T = 0
 
     def wait_in(self) -> None:
-        """Hold this rank's stream until every source's rows of this round have arrived."""
+        """Hold this rank's stream until every source's tokens of this round have arrived."""
         _wait[(1,)](self.flags, 0, self.programs_out, R=self.R)
 
     def wait_back(self) -> None:
         _wait[(1,)](self.flags, self.R, self.programs_back, R=self.R)
 
-    def send(self, x_TH, weights_TK, ids_TK, wait: bool = True) -> torch.Tensor:
-        """Rows out to their ranks (and, with ``wait``, everyone's rows in). No host sync.
-        Returns home_N: where each routed row's result will land in this rank's return buffer."""
-        T, K = ids_TK.shape
-        if K != self.K or tuple(x_TH.shape) != (T, self.H) or tuple(weights_TK.shape) != (T, K):
-            raise ValueError(f"expected x [T, H={self.H}], weights_TK and ids_TK [T, K={self.K}], got "
-                             f"{tuple(x_TH.shape)}, {tuple(weights_TK.shape)} and {tuple(ids_TK.shape)}")
+    def send(self, x_TH, weights_TK, ids_TK, wait: bool = True) -> None:
+        """Tokens out to the ranks computing their rows (and, with ``wait``, everyone's in). No host sync."""
+        check_routing(x_TH, weights_TK, ids_TK, self.placement.num_experts, self.H, self.K)
         if x_TH.dtype != self.recv.dtype:
             raise ValueError(f"x has dtype {x_TH.dtype} but this transport was built for {self.recv.dtype}")
-        if T * K > self.N:
-            raise ValueError(f"{T} tokens exceed max_tokens={self.N // K} this transport was built for")
-        dest_N = self.placement.dest_rank_N(ids_TK, self.rank)
-        onehot_NR = dest_N[:, None] == self.arange_R
-        before_NR = onehot_NR.cumsum(0)  # rows for each rank up to and including n
-        pos_N = before_NR.gather(1, dest_N[:, None]).squeeze(1) - 1
-        counts_R = before_NR[-1] if T else self.arange_R * 0
-        _dispatch_rows[(self.programs_out,)](
-            x_TH if T else self.recv, ids_TK if T else self.arange_R, weights_TK.float() if T else self._f32,
-            dest_N if T else self.arange_R, pos_N if T else self.arange_R, counts_R, T * K, self.H, self.rank,
-            self.N, self.recv_at, self.meta_at, self.flags_at, R=self.R, K=K, BLOCK_H=self.block_h, ROWS=ROWS)
+        T = x_TH.shape[0]
+        if T > self.C:
+            raise ValueError(f"{T} tokens exceed max_tokens={self.C} this transport was built for")
+        dest_TK, sends_TR, pos_TR = plan(ids_TK, self.placement, self.rank)
+        self._valid_N = (dest_TK < self.R).reshape(-1, 1)  # a row computed nowhere adds nothing
+        pos_TR = torch.where(sends_TR, pos_TR, -1).contiguous()
+        cfg = self.config
+        if T == 0:  # Triton wants real pointers: stand-ins that are never read (every row is masked)
+            x_TH, ids_TK, weights_TK, dest_TK, pos_TR = self.recv, self.p_M, self._f32, self.p_M, self.p_M
+        _send_tokens[(self.programs_out,)](
+            x_TH.contiguous(), ids_TK.contiguous(), weights_TK.float().contiguous(), dest_TK.contiguous(), pos_TR,
+            sends_TR.sum(0), T, self.H, self.rank, self.C, self.at["recv"], self.at["meta"], self.at["home"],
+            self.at["counts"], self.at["flags"], R=self.R, K=self.K, KP=triton.next_power_of_2(self.K),
+            BLOCK_H=self.block_h, ROWS=cfg.rows, num_warps=cfg.num_warps)
         if wait:
             self.wait_in()
-        return dest_N * self.N + pos_N
 
-    def send_back(self, stage_PH: torch.Tensor) -> None:
-        """Rows in receive layout [R·N, H] back to their sources' return buffers (no wait)."""
-        _return_rows[(self.programs_back,)](stage_PH, self.meta, self.H, self.rank, self.N, self.ret_at,
-                                            self.flags_at, R=self.R, BLOCK_H=self.block_h, ROWS=ROWS)
+    def local(self):
+        """The received tokens as the layer's experts take them: (x_MH, weights_MK, slots_MK),
+        M = R·C; rows not computed here (other ranks', stale slots) get slot L. No host sync."""
+        K = self.K
+        ids_MK = self.meta[:, :K]
+        ok_MK = (self.p_M < self.counts[self.source_M])[:, None] & (ids_MK >= 0)
+        slots_MK = torch.where(ok_MK, self.slot_E[ids_MK.clamp(min=0).long()], self.L)
+        self._to_rank_V = torch.where(ok_MK, self.source_M[:, None], -1).reshape(-1).contiguous()
+        self._to_row_V = (self.home.long()[:, None] * K + self.k_K).reshape(-1).contiguous()
+        weights_MK = self.meta[:, K:].contiguous().view(torch.float32)
+        return self.recv, weights_MK, torch.where(slots_MK < 0, self.L, slots_MK)
 
-    def gather_home(self, home_N: torch.Tensor) -> torch.Tensor:
-        """y_TH from the return buffer: Σ_k in k order (one launch on CUDA)."""
-        return gather_combine(self.ret, home_N, self.K)
-
-    def local_rows(self):
-        """Received rows grouped by local expert slot (stable), as the collective dispatch returns
-        them: (x_MH, weight_M, counts_L, recv_order_M). One host sync (counts_L)."""
-        R, N = self.R, self.N
-        meta_P2 = self.meta[: R * N * 2].view(R * N, 2)
-        valid_P = (torch.arange(N, device=self.meta.device)[None, :] < self.meta[R * N * 2:, None]).reshape(-1)
-        key_P = torch.where(valid_P, self.slot_E[meta_P2[:, 0].long().clamp(min=0)], self.L)
-        order_P = torch.argsort(key_P, stable=True)
-        counts_L = tuple(torch.zeros(self.L + 1, dtype=torch.int64, device=key_P.device)
-                         .scatter_add_(0, key_P, torch.ones_like(key_P))[: self.L].tolist())
-        recv_order_M = order_P[: sum(counts_L)]
-        weight_M = meta_P2[:, 1].contiguous().view(torch.float32)[recv_order_M]
-        return self.recv[recv_order_M], weight_M, counts_L, recv_order_M
+    def send_back(self, src: torch.Tensor, div: int = 1) -> None:
+        """Computed rows (``local``'s order, rows j·K + k of src, or tokens j with div=K) home. No wait."""
+        V = self._to_rank_V.shape[0]
+        _return_rows[(self.programs_back,)](src, self._to_rank_V, self._to_row_V, V, self.H, self.rank,
+                                            self.at["ret"], self.at["flags"], R=self.R, DIV=div,
+                                            BLOCK_H=self.block_h, ROWS=self.config.rows,
+                                            num_warps=self.config.num_warps)
 
     def dispatch(self, x_TH, weights_TK, ids_TK):
-        """Same contract as :func:`dispatch.parallel.dispatch.dispatch`."""
-        home_N = self.send(x_TH, weights_TK, ids_TK)
-        x_MH, weight_M, counts_L, recv_order_M = self.local_rows()
-        return x_MH, weight_M, counts_L, (home_N, recv_order_M)
+        """Same contract as :func:`dispatch.parallel.dispatch` (without the meta: kept here)."""
+        self.send(x_TH, weights_TK, ids_TK)
+        return self.local()
 
-    def combine(self, out_MH, meta) -> torch.Tensor:
-        home_N, recv_order_M = meta
-        stage_PH = torch.zeros_like(self.recv)
-        stage_PH[recv_order_M] = out_MH
-        self.send_back(stage_PH)
+    def combine(self, out_VH: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        self.send_back(out_VH)
         self.wait_back()
-        return self.gather_home(home_N)
+        return combine_k(self.ret[: num_tokens * self.K].masked_fill_(~self._valid_N, 0), self.K)
 
     def round_trip(self, x_TH, weights_TK, ids_TK) -> torch.Tensor:
-        """Dispatch + combine with identity experts (the benchmark's unit): rows go out and come
-        straight back from the receive buffer. No host sync: CUDA-graph capturable."""
-        home_N = self.send(x_TH, weights_TK, ids_TK)
-        self.send_back(self.recv)
+        """Dispatch + combine with identity experts (the benchmark's unit): each routed row comes
+        straight back from the received token. No host sync: CUDA-graph capturable."""
+        self.send(x_TH, weights_TK, ids_TK)
+        self.local()
+        self.send_back(self.recv, div=self.K)
         self.wait_back()
-        return self.gather_home(home_N)
+        return combine_k(self.ret[: x_TH.shape[0] * self.K], self.K)
+
+
+def _buffers(cfg, R: int, C: int, dtype, rows_dtype=None):
+    """(name, shape, dtype) of every buffer a rank exposes to its peers; returned rows are
+    ``rows_dtype`` (default x's dtype; fp32 for the decode path's rows)."""
+    K, H = cfg.top_k, cfg.hidden_size
+    return [("recv", (R * C, H), dtype), ("meta", (R * C, 2 * K), torch.int32), ("home", (R * C,), torch.int32),
+            ("counts", (R,), torch.int32), ("ret", (C * K, H), rows_dtype or dtype), ("flags", (2 * R,), torch.int32)]

@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 import torch
 
@@ -195,6 +196,7 @@ def provenance(doc: dict) -> str:
     if not isinstance(doc, dict):
         raise ValueError("provenance() needs a results document; load() found no recorded file")
     v = doc["versions"]
-    return (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} on {doc['date'][:10]} "
+    text = (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} on {doc['date'][:10]} "
             f"(torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}, "
             f"commit {doc['git_commit'][:10]}) by `{doc['command']}`.")
+    return textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column

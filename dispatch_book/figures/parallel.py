@@ -60,23 +60,36 @@ def send_matrix(counts_RR, *, title: str = "rows sent (source → destination)")
     return fig
 
 
-STYLE = {"nccl_all_to_all": ("nccl", ":", "NCCL all_to_all_single (one way)"),
-         "nccl_dispatch_combine": ("nccl", "-", "NCCL dispatch + combine"),
-         "p2p_dispatch_combine": ("p2p", "--", "peer-to-peer dispatch + combine (eager)"),
-         "p2p_dispatch_combine_graph": ("p2p", "-", "peer-to-peer dispatch + combine (CUDA graph)"),
-         "ep_nccl": ("nccl", "-", "expert parallel (NCCL)"),
-         "ep_p2p": ("p2p", "-", "expert parallel (peer-to-peer)"),
-         "single_gpu": ("torch", "--", "one GPU, whole batch")}
+STYLE = {  # contestant -> (colour key, line style, label); older recordings' names included
+    "nccl_all_to_all": ("nccl", ":", "NCCL all_to_all_single of every (token, expert) pair, one way"),
+    "nccl_dispatch_combine": ("nccl", "-", "NCCL dispatch + combine (exact splits)"),
+    "nccl_dispatch_combine_graph": ("nccl", "--", "NCCL dispatch + combine (fixed capacity, CUDA graph)"),
+    "p2p_round_trip": ("p2p", "--", "peer-to-peer round trip (eager)"),
+    "p2p_round_trip_graph": ("p2p", "-", "peer-to-peer round trip (CUDA graph)"),
+    "p2p_dispatch_combine": ("p2p", "--", "peer-to-peer dispatch + combine (eager)"),
+    "p2p_dispatch_combine_graph": ("p2p", "-", "peer-to-peer dispatch + combine (CUDA graph)"),
+    "ep_nccl": ("nccl", "-", "expert parallel (NCCL)"),
+    "ep_nccl_graph": ("nccl", "--", "expert parallel (NCCL, fixed capacity, CUDA graph)"),
+    "ep_p2p": ("p2p", "-", "expert parallel (peer-to-peer)"),
+    "ep_p2p_graph": ("p2p", "-", "expert parallel (peer-to-peer, CUDA graph)"),
+    "one_gpu": ("torch", "--", "one GPU, whole batch, same kernels"),
+    "one_gpu_auto": ("torch", ":", "one GPU, whole batch, default path"),
+    "single_gpu": ("torch", "--", "one GPU, whole batch")}
+
+
+def ms(row: dict) -> float:
+    """A row's median in milliseconds (older recordings stored microseconds)."""
+    return row["median_ms"] if "median_ms" in row else row["median_us"] / 1e3
 
 
 def expert_parallel_timings(doc: dict):
-    """Two panels from a results doc: dispatch+combine latency, and the whole layer, vs tokens/GPU."""
+    """Two panels from a results doc: the exchange, and the routed experts / whole layer, vs tokens/GPU."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for ax, kind in zip(axes, ("exchange", "layer")):
+    for ax, kind in zip(axes, ("exchange", "layer"), strict=True):
         by = {}
         for row in doc["rows"]:
             if row.get("kind") == kind:
-                by.setdefault(row["contestant"], []).append((row["tokens_per_gpu"], row["median_us"]))
+                by.setdefault(row["contestant"], []).append((row["tokens_per_gpu"], ms(row)))
         for name, pts in by.items():
             pts.sort()
             c, ls, label = STYLE.get(name, ("torch", "-", name))
@@ -84,9 +97,9 @@ def expert_parallel_timings(doc: dict):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens per GPU")
-        ax.set_ylabel("µs per call (slowest rank, median)")
-        ax.set_title({"exchange": "dispatch + combine", "layer": "whole MoE layer"}[kind])
+        ax.set_ylabel("ms per call (slowest rank, median)")
+        ax.set_title({"exchange": "dispatch + combine", "layer": "MoE experts, EP vs one GPU"}[kind])
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

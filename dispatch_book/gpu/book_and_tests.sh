@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One GPU run (one H200, < 9 minutes): every `-m gpu` test, and every chapter executed with its
+# "auto" parameters on this GPU and in a T4's budget (fp16, 15 GB, 64 KiB tiles), the three at once
+# (the machine has 16 cores for Triton's compiles; chapter times are therefore upper bounds).
+#   DISPATCH_GIT_COMMIT=<sha> dispatch_book/gpu/book_and_tests.sh "$OUT"
+# Writes $OUT/tests.log, $OUT/book_<budget>.log and $OUT/book_gpu.json (both budgets' rows).
+set -u
+OUT=${1:?usage: dispatch_book/gpu/book_and_tests.sh OUT_DIR}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -n "${DISPATCH_GIT_COMMIT:-}" ] || { echo "set DISPATCH_GIT_COMMIT=<commit of this tree>"; exit 2; }
+LIMIT=${LIMIT:-460}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+timeout "$LIMIT" python3 -m pytest tests -m gpu -q -p no:cacheprovider -rf > "$OUT/tests.log" 2>&1 &
+timeout "$LIMIT" python3 -m dispatch_book.build --gpu --out "$OUT/h200" > "$OUT/book_h200.log" 2>&1 &
+timeout "$LIMIT" python3 -m dispatch_book.build --gpu --t4-budget --out "$OUT/t4" > "$OUT/book_t4.log" 2>&1 &
+wait
+tail -25 "$OUT/tests.log"; tail -12 "$OUT/book_h200.log" "$OUT/book_t4.log"
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+docs = [json.loads(p.read_text()) for p in sorted(out.glob("*/*/book_gpu.json"))]
+if docs:
+    doc = docs[0]
+    doc["rows"] = [r for d in docs for r in d["rows"]]
+    (out / "book_gpu.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for r in doc["rows"]:
+        print(r.get("chapter"), r.get("budget"), r.get("ok"), round(r.get("seconds") or 0, 1),
+              r.get("peak_gib"), (r.get("error") or "")[:200])
+PY

@@ -1,0 +1,75 @@
+"""runtime: device and dtype choices, Triton's mode, and device properties read once per device."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dispatch import runtime
+
+
+def test_device_and_dtype_choices_on_cpu():
+    assert runtime.device("cpu") == torch.device("cpu")
+    assert runtime.compute_dtype("cpu") == torch.float32 and runtime.capability("cpu") is None
+    assert runtime.dtype("bf16") == torch.bfloat16 and runtime.dtype("float16") == torch.float16
+    assert runtime.dtype("auto", "cpu") == torch.float32
+    assert runtime.pick("auto", cpu="tiny", gpu="big", dev="cpu") == "tiny"
+    assert runtime.pick("mine", cpu="tiny", gpu="big", dev="cpu") == "mine"
+    with pytest.raises(ValueError, match="dtype must be"):
+        runtime.dtype("int8")
+    with pytest.raises(ValueError, match="device must be"):
+        runtime.device("meta")
+    if not runtime.HAS_CUDA:
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            runtime.device("cuda")
+        assert runtime.device() == torch.device("cpu")
+
+
+def test_triton_ok_and_describe():
+    assert runtime.triton_ok(torch.zeros(1)) == runtime.INTERPRET
+    info = runtime.describe()
+    assert info["torch"] == torch.__version__ and info["interpret"] == runtime.INTERPRET
+
+
+def test_cpu_properties():
+    assert runtime.num_sms("cpu") == runtime.INTERPRETER_SMS
+    assert runtime.max_shared_bytes("cpu") == runtime.DEFAULT_SHARED_BYTES == 64 * 1024
+
+
+def test_max_shared_bytes_honours_the_environment(monkeypatch):
+    monkeypatch.setenv("DISPATCH_MAX_SHARED_BYTES", "65536")
+    assert runtime.max_shared_bytes("cpu") == 65536
+    monkeypatch.setenv("DISPATCH_MAX_SHARED_BYTES", "100000")
+    assert runtime.max_shared_bytes("cuda:0") == 100000  # no device query at all
+    for bad in ("64KiB", "0", "-5"):
+        monkeypatch.setenv("DISPATCH_MAX_SHARED_BYTES", bad)
+        with pytest.raises(ValueError, match="DISPATCH_MAX_SHARED_BYTES must be a positive int"):
+            runtime.max_shared_bytes("cpu")
+
+
+def test_device_properties_are_read_once(monkeypatch):
+    """A (pretend) CUDA device: its properties are queried once, however often they are asked for."""
+    calls = []
+
+    def props(index):
+        calls.append(index)
+        return SimpleNamespace(multi_processor_count=7)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.delenv("DISPATCH_MAX_SHARED_BYTES", raising=False)
+    runtime._properties.cache_clear()
+    try:
+        for _ in range(3):
+            assert runtime.num_sms("cuda:5") == 7
+            assert runtime.max_shared_bytes(torch.device("cuda:5")) > 0
+        assert calls == [5]
+    finally:
+        runtime._properties.cache_clear()
+
+
+@pytest.mark.gpu
+def test_gpu_properties():
+    dev = torch.device("cuda")
+    assert runtime.num_sms(dev) == torch.cuda.get_device_properties(dev).multi_processor_count
+    assert runtime.max_shared_bytes(dev) >= 48 * 1024
