@@ -54,9 +54,33 @@ def bitwise(name: str, a: torch.Tensor, b: torch.Tensor, *, expect: bool | None 
         raise AssertionError(f"{name}: expected bitwise equal = {expect}")
 
 
+COLUMN = 88  # characters of code or output the book's column shows without a scroll bar
+
+
+def fill(text: str, indent: int = 4) -> str:
+    """``text`` wrapped to the book's column, continuation lines indented by ``indent``."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(line, COLUMN, subsequent_indent=" " * indent, break_on_hyphens=False)
+                     if len(line) > COLUMN else line for line in str(text).splitlines())
+
+
+def _wrap_code(line: str, width: int) -> list[str]:
+    """A source line cut at spaces to ``width`` characters; continuations indented 4 past it."""
+    out, lead = [], " " * (len(line) - len(line.lstrip()) + 4)
+    while len(line) > width:
+        cut = line.rfind(" ", len(lead), width)
+        if cut <= len(lead):
+            break
+        out.append(line[:cut])
+        line = lead + line[cut + 1:]
+    return out + [line]
+
+
 def show_source(fn, *, start: int | None = None, stop: int | None = None) -> None:
     """Print a function's source as the package has it (a ``@triton.jit`` function's ``.fn``), with
-    line numbers so the prose can point at them; ``start``/``stop`` pick a line range (1-based)."""
+    line numbers so the prose can point at them (a line wider than the book's column continues on
+    an unnumbered line); ``start``/``stop`` pick a line range (1-based)."""
     fn = getattr(fn, "fn", fn)
     lines = inspect.getsource(fn).rstrip("\n").splitlines()
     first = start or 1
@@ -65,7 +89,8 @@ def show_source(fn, *, start: int | None = None, stop: int | None = None) -> Non
     mod = path[path.rfind("dispatch"):].replace("\\", "/") if "dispatch" in path else path
     print(f"# {mod}: {fn.__name__}")
     for i, line in enumerate(lines, first):
-        print(f"{i:3d}  {line}")
+        for j, part in enumerate(_wrap_code(line, COLUMN - 5)):
+            print(f"{i:3d}  {part}" if j == 0 else f"     {part}")
 
 
 def ceilings(gpu: str = "h200") -> dict:

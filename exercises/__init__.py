@@ -10,6 +10,7 @@ Everything runs on a CPU under Triton's interpreter (``import dispatch`` turns i
 from __future__ import annotations
 
 import importlib
+import textwrap
 
 import dispatch  # noqa: F401  (before triton: the interpreter on a machine without CUDA)
 
@@ -36,7 +37,7 @@ def check(name: str, *, solution: bool = False, strict: bool = False) -> bool:
         if strict:
             raise
         first = (str(e).splitlines() or [""])[0]
-        print(f"{who}: not yet ({type(e).__name__}: {first})")
+        print(textwrap.fill(f"{who}: not yet ({type(e).__name__}: {first})", 88, subsequent_indent="    "))
         return False
     print(f"{who}: passed")
     return True

@@ -17,7 +17,7 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
     L, E = counts_LE.shape
     cols = min(L, 4)
     rows = (L + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(min(3.2 * cols, 9.4), 2.4 * rows), squeeze=False, sharey=True)
     for layer in range(L):
         ax = axes[layer // cols][layer % cols]
         c = counts_LE[layer].double()
@@ -93,7 +93,7 @@ def training_curves(runs: dict[str, dict]):
 
     ``runs``: label → ``curves`` dict of a training log (``step``, ``imbalance``,
     ``eval_step``, ``eval_ppl``)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.6))
     for label, c in runs.items():
         a.plot(c["step"], c["imbalance"], label=label)
         b.plot(c["eval_step"], c["eval_ppl"], marker=".", label=label)

@@ -19,7 +19,7 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
     used = sorted(set(ids_TK.flatten().tolist()))
     cmap = plt.get_cmap("tab20")
     n_tiles = -(-I // block_i)
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.4, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
     for t in range(T):
         for k in range(K):
             e = int(ids_TK[t, k])
@@ -51,7 +51,7 @@ def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
     cols = min(2, len(shapes))
     nrows = -(-len(shapes) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(10, 3.6 * nrows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(nrows, cols, figsize=(9.4, 3.6 * nrows), squeeze=False, sharey=True)
     for ax, shape in zip(axes.flat, shapes, strict=False):
         rows = [r for r in doc["rows"] if r["shape"] == shape]
         names = list(dict.fromkeys(n for r in rows for n in r["contestants"]))
@@ -103,3 +103,8 @@ def target_checks(doc: dict, hbm_bps: float) -> list[dict]:
                         "value": v, "value_graph": val("ours_graph"), "value_min": val("ours", "min_ms"),
                         "met": v >= bar})
     return out
+
+
+# The wide tiles of the recorded ``ours_wide`` contestant (results/h200/decode.json): four times
+# the rows of gate/up and of down per program of the thin default at one token.
+WIDE_BLOCK_I, WIDE_BLOCK_HO = 128, 128

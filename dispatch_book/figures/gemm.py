@@ -29,7 +29,7 @@ def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid", 
     tiles_all = -(-n_cols // block_n)
     used, n_tiles = min(used_all, max_blocks), min(tiles_all, max_tiles)
     cmap = plt.get_cmap("tab20")
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.4, 1.2]})
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.4, 4.2), gridspec_kw={"width_ratios": [1.4, 1.2]})
     for s in range(used * bm):
         e = be[s // bm]
         pad = rows[s] >= N
@@ -62,7 +62,7 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
     shapes = shapes or list(dict.fromkeys(r["shape"] for r in rows))
     cols = min(2, len(shapes))
     rows_n = -(-len(shapes) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(10, 3.6 * rows_n), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(9.4, 3.6 * rows_n), squeeze=False, sharey=True)
     for ax, shape in zip(axes.flat, shapes, strict=False):
         rs = [r for r in rows if r["shape"] == shape and "tflops" in r]
         names = contestants or list(dict.fromkeys(r["contestant"] for r in rs))
@@ -121,7 +121,7 @@ def targets(checks: list[dict]):
     names = list(dict.fromkeys(c["target"] for c in checks))
     shapes = list(dict.fromkeys(c["shape"] for c in checks))
     palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
-    fig, ax = plt.subplots(figsize=(10, 0.7 * len(names) + 1.6))
+    fig, ax = plt.subplots(figsize=(9.4, 0.7 * len(names) + 1.6))
     for j, shape in enumerate(shapes):
         for met in (True, False):
             sel = [c for c in checks if c["shape"] == shape and c["met"] == met]
@@ -143,7 +143,7 @@ def sweep(doc: dict, shape: str, tokens: int):
     """Bars: TFLOP/s of each pinned tile config (BLOCK_M, N, K, warps, stages), up and down kernels."""
     rs = [r for r in doc["rows"] if r["shape"] == shape and r["tokens"] == tokens and "tflops" in r
           and r["kernel"] in ("up", "down")]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.6), sharey=True)
     for ax, kind in zip(axes, ("up", "down"), strict=True):
         sel = [r for r in rs if r["kernel"] == kind]
         ax.barh(range(len(sel)), [r["tflops"] for r in sel], color=color("ours"))
@@ -201,3 +201,11 @@ def target_summary(checks: list[dict]) -> list[dict]:
         out.append({"target": name, "met": f"{sum(c['met'] for c in sel)} of {len(sel)}",
                     "missed at": ", ".join(missed) or "–"})
     return out
+
+
+def ours_row(rows: list[dict], shape: str, T: int, decode_max_tokens: int) -> dict | None:
+    """The recorded row of the experts path that ``moe()`` takes at this size: the decode kernels
+    up to ``decode_max_tokens`` tokens, the grouped GEMM above."""
+    want = "ours_decode" if T <= decode_max_tokens else "ours_grouped"
+    by = {r["contestant"]: r for r in rows if r["shape"] == shape and r["tokens"] == T and "median_ms" in r}
+    return by.get(want) or by.get("ours_grouped")

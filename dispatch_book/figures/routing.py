@@ -28,7 +28,7 @@ def routing_heatmap(weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts:
     g = gates_TE(weights_TK, ids_TK, num_experts).numpy()
     T, E = g.shape
     counts_E = (g > 0).sum(0) if T else np.zeros(E)
-    fig, (top, ax) = plt.subplots(2, 1, figsize=(min(2 + 0.35 * E, 12), 1.6 + min(0.22 * T, 6)),
+    fig, (top, ax) = plt.subplots(2, 1, figsize=(min(2 + 0.35 * E, 8.8), 1.6 + min(0.22 * T, 6)),
                                   gridspec_kw={"height_ratios": [1, 3]}, sharex=True, constrained_layout=True)
     top.bar(np.arange(E), counts_E, color="tab:blue")
     top.axhline(T * ids_TK.shape[1] / E if T else 0, color="k", lw=0.8, ls="--", label="uniform")
@@ -126,7 +126,7 @@ def roofline_figure(cfg: MoEConfig, ceil: dict, tokens=(1, 4, 16, 64, 256, 1024,
     rows = [floors(r.flops, r.bytes, ceil) for r in lay]
     t_mem = np.array([r["t_memory_s"] for r in rows]) * 1e6
     t_cmp = np.array([r["t_compute_s"] for r in rows]) * 1e6
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.6), constrained_layout=True)
     a.loglog(tokens, t_mem, "o-", label=f"memory: bytes / {ceil['hbm_copy_gbps'] / 1e3:.2f} TB/s")
     a.loglog(tokens, t_cmp, "s-", label=f"compute: FLOPs / {ceil['bf16_tflops']:.0f} TFLOP/s")
     a.set_xlabel("tokens in the batch T")
