@@ -199,3 +199,10 @@ def time_graph_ms(fn) -> float:
         print(f"(no CUDA graph for {getattr(fn, '__name__', 'this call')}: {str(e).splitlines()[0]})")
         torch.cuda.synchronize()
         return float("nan")
+
+
+def print_code(text: str) -> None:
+    """Print source text (a slice of a function) with lines wider than the book's column continued
+    on indented lines."""
+    for line in text.rstrip("\n").splitlines():
+        print("\n".join(_wrap_code(line, COLUMN)))
