@@ -87,6 +87,7 @@ def _properties(index: int) -> tuple[int, int | None]:
     return sms, shared
 
 
+@torch.compiler.assume_constant_result  # a device property: a constant to torch.compile
 def num_sms(dev: torch.device | str | None = None) -> int:
     """Streaming multiprocessors of ``dev`` (read once per device); :data:`INTERPRETER_SMS` on CPU."""
     dev = torch.device(dev) if dev is not None else device()
@@ -100,12 +101,14 @@ def _name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
+@torch.compiler.assume_constant_result  # a device property: a constant to torch.compile
 def device_name(dev: torch.device | str | None = None) -> str:
     """The device's name ("NVIDIA H200", read once per device; "cpu" off CUDA): whose tuned tables apply."""
     dev = torch.device(dev) if dev is not None else device()
     return _name(_cuda_index(dev)) if dev.type == "cuda" else "cpu"
 
 
+@torch.compiler.assume_constant_result  # a device property: a constant to torch.compile
 def max_shared_bytes(dev: torch.device | str | None = None) -> int:
     """Shared memory one Triton program may use on ``dev`` (read once per device: kernels ask on every
     launch). 227 KiB on an H100/H200, 64 KiB on a T4; :data:`DEFAULT_SHARED_BYTES` on CPU or when it

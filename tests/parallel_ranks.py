@@ -113,7 +113,7 @@ def graph_replay(cfg: MoEConfig, T: int, transport: str) -> bool:
     ids_TK = torch.rand(R * T, cfg.num_experts, generator=g).argsort(1)[:, :cfg.top_k].to(dev)
     weights_TK = torch.rand(R * T, cfg.top_k, generator=g).to(dev)
     w = random_weights(cfg, seed=2, dtype=torch.bfloat16, device=dev)
-    one = MoELayer(cfg, w, path="triton", config=pinned_config(dev))
+    one = MoELayer(cfg, w, path="triton", tiles=pinned_config(dev))
     want = moe_experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=one.tiles)
     placement = Placement.contiguous(cfg.num_experts, R)
     kw = {"capacity": T} if transport == "collective" else {

