@@ -17,8 +17,9 @@ import torch
 import triton
 
 from dispatch import runtime
-from dispatch.kernels.gemv import DecodeConfig, check_decode_inputs, default_config, moe_decode_torch
-from dispatch.kernels.gemv_kernels import _combine_kernel
+from dispatch.kernels.checks import check_experts_inputs
+from dispatch.kernels.combine import combine_impl
+from dispatch.kernels.gemv import DecodeConfig, default_config, moe_decode_torch
 from dispatch.kernels.quant_kernels import _down_q_kernel, _up_swiglu_q_kernel
 from dispatch.quant.formats import FP8, QuantizedExperts, QuantizedTensor
 
@@ -69,7 +70,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
     ``moe_decode``; its block_h / block_id must fit the scale blocks (default: shrunk to fit).
     """
     gu, dn = stand_ins(x_TH, experts)
-    T, K, E, H, I = check_decode_inputs(x_TH, weights_TK, ids_TK, gu, dn)
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn)
     if check_ids is None:
         check_ids = x_TH.device.type == "cpu"
     if check_ids and T and not bool(((ids_TK >= 0) & (ids_TK < E)).all()):
@@ -104,10 +105,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
         SBR=d.block_rows, SBC=d.block_cols, LATE_SCALE=d.block_cols >= I,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-    _combine_kernel[(T, triton.cdiv(H, cfg.block_c))](
-        out_NH, ids_TK, y_TH, K, E, H, ids_TK.stride(0), ids_TK.stride(1), out_NH.stride(0), y_TH.stride(0),
-        BLOCK_C=cfg.block_c, num_warps=4)
-    return y_TH
+    return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype)
 
 
 def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts) -> torch.Tensor:

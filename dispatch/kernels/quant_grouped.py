@@ -22,9 +22,9 @@ import triton.language as tl
 
 from dispatch import runtime
 from dispatch.kernels import gemm_config as gc
+from dispatch.kernels.checks import check_experts_inputs as check_experts_input
 from dispatch.kernels.combine import combine, combine_torch
 from dispatch.kernels.gemm_config import GemmConfig
-from dispatch.kernels.grouped_gemm import check_experts_input
 from dispatch.kernels.quant_gemv import check_chunk, scale_strides, stand_ins
 from dispatch.kernels.quant_kernels import _block_scales, _qdot
 from dispatch.kernels.sort import sort_by_expert
