@@ -16,6 +16,7 @@ not written here: run it through transformers with the ``"dispatch"`` experts ba
 On CUDA the norms, residual adds, q/k norms, RoPE and cache writes run as two fused kernels
 (:mod:`dispatch.engine.fused`); on CPU as their torch twins (transformers' ops, one for one).
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
+Quantized experts (a model passed through ``dispatch.quant.swap_experts``): :mod:`dispatch.engine.quant`.
 Cache: ``k_LBSkD`` / ``v_LBSkD`` [L, B, S, kv, D]; rows of a batch may sit at different positions.
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ import torch.nn.functional as F
 
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.engine.fused import add_rms, add_rms_torch, qk_rope, qk_rope_torch
+from dispatch.engine.quant import QuantLayer, quantized_layer
+from dispatch.quant.modules import QuantizedExpertsModule
 
 FAMILIES = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe")
 
@@ -97,9 +100,15 @@ class LeanModel(torch.nn.Module):
                 if qk != "none":
                     d["q_norm"], d["k_norm"] = a.q_norm.weight, a.k_norm.weight
                 mlp = layer.mlp
-                if hasattr(getattr(mlp, "experts", None), "gate_up_proj"):
+                experts = getattr(mlp, "experts", None)
+                if hasattr(experts, "gate_up_proj"):
                     mc = config_from_hf(c)
                     d["moe"] = weights_from_hf(mlp, mc)
+                    moe_cfgs.append(mc)
+                elif isinstance(experts, QuantizedExpertsModule):  # swapped in by dispatch.quant
+                    mc = config_from_hf(c)
+                    d["quant"] = QuantLayer(mc, quantized_layer(mlp, mc, experts.quantized), experts.quantized,
+                                            experts.w8a8)
                     moe_cfgs.append(mc)
                 else:  # a dense SwiGLU layer (Qwen2-MoE's mlp_only_layers)
                     d["mlp"] = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
@@ -126,6 +135,8 @@ class LeanModel(torch.nn.Module):
 
     def _mlp(self, i: int, x_TH):
         d = self.layers[i]
+        if "quant" in d:
+            return d["quant"](x_TH, self.moe_path)
         if "mlp" in d:
             g, u, dn = d["mlp"]
             return F.linear(F.silu(F.linear(x_TH, g)) * F.linear(x_TH, u), dn)
@@ -166,5 +177,5 @@ class LeanModel(torch.nn.Module):
 
 
 def moe_weights(model: LeanModel) -> list[MoEWeights]:
-    """The MoE layers' weights (for byte counting)."""
+    """The unquantized MoE layers' weights (for byte counting)."""
     return [d["moe"] for d in model.layers if "moe" in d]
