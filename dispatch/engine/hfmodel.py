@@ -48,7 +48,9 @@ class HFModel(torch.nn.Module):
             # (transformers sets num_heads // num_key_value_heads, which a masked decode step would apply)
             layer.self_attn.num_key_value_groups = 1
         self.cfg = HFConfig("deepseek_v3")
-        self._takes_cache_position = "cache_position" in inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward).parameters
+        self._takes_cache_position = "cache_position" in params
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed after 5.17
         z = dict(device=self.device, dtype=torch.long)
         self.prompt_len, self.slot = torch.zeros((), **z), torch.zeros((), **z)
 
@@ -74,7 +76,7 @@ class HFModel(torch.nn.Module):
     def forward(self, ids_BS: torch.Tensor, pos_BS: torch.Tensor, cache: dict, *, prefill: bool) -> torch.Tensor:
         B, S = ids_BS.shape
         kv = self._cache(cache, B)
-        kw = dict(input_ids=ids_BS, position_ids=pos_BS, past_key_values=kv, use_cache=True)
+        kw = {"input_ids": ids_BS, "position_ids": pos_BS, self._cache_arg: kv, "use_cache": True}
         if prefill:  # causal over the right-padded prompts; the padding is masked from then on
             kv.reset()
             self.prompt_len.fill_(S)
