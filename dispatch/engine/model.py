@@ -15,6 +15,8 @@ not written here: run it through transformers with the ``"dispatch"`` experts ba
 
 On CUDA the norms, residual adds, q/k norms, RoPE and cache writes run as two fused kernels
 (:mod:`dispatch.engine.fused`); on CPU as their torch twins (transformers' ops, one for one).
+At batch 1 a softmax-routed MoE layer runs router + top-K as one kernel and the experts as two
+(:mod:`dispatch.engine.fused_moe`).
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
 Quantized experts (a model passed through ``dispatch.quant.swap_experts``): :mod:`dispatch.engine.quant`.
 Cache: ``k_LBSkD`` / ``v_LBSkD`` [L, B, S, kv, D]; rows of a batch may sit at different positions.
@@ -140,9 +142,18 @@ class LeanModel(torch.nn.Module):
         if "mlp" in d:
             g, u, dn = d["mlp"]
             return F.linear(F.silu(F.linear(x_TH, g)) * F.linear(x_TH, u), dn)
+        cfg, w = self.moe_cfgs[i], d["moe"]
+        if self.fused and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and cfg.scoring == "softmax":
+            from dispatch.engine.fused_moe import moe_decode_1, router_topk
+            from dispatch.reference import shared_reference
+
+            weights_TK, ids_TK = router_topk(x_TH, w.router_EH, cfg)  # batch 1: 3 launches, not 5
+            y_TH = moe_decode_1(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
+            shared_TH = shared_reference(x_TH, cfg, w)
+            return y_TH if shared_TH is None else y_TH + shared_TH
         from dispatch.moe import moe
 
-        return moe(x_TH, self.moe_cfgs[i], d["moe"], path=self.moe_path)
+        return moe(x_TH, cfg, w, path=self.moe_path)
 
     def forward(self, ids_BS: torch.Tensor, pos_BS: torch.Tensor, cache, *, prefill: bool) -> torch.Tensor:
         """Logits [B, S, V]. ``prefill``: the cache is empty and ``pos_BS`` is 0..S-1 in every row
