@@ -112,3 +112,17 @@ def test_cli_quant_and_bad_names():
     assert scheme_name("fp8") == "fp8-channel" and scheme_name("fp8-block128") == "fp8-block128"
     with pytest.raises(ValueError, match="quantization must be one of"):
         scheme_name("int4")
+
+
+def test_lean_from_hf_with_quantized_layers_leaves_the_model():
+    _, model = tiny_model("mixtral")
+    layers = quantize_model(model, "int8-channel")
+    deq = dequantized_model(model, layers)
+    lean = LeanModel.from_hf(model, quantized=layers)
+    assert hasattr(model.model.layers[0].mlp.experts, "gate_up_proj")  # untouched
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        got = lean(ids, torch.arange(6)[None], lean.new_cache(1, 6), prefill=True)
+        assert close(got, deq(ids).logits)
+    with pytest.raises(ValueError, match="not MoE layers"):
+        LeanModel.from_hf(model, quantized={**layers, 7: layers[0]})

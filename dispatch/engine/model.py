@@ -62,12 +62,15 @@ class LeanModel(torch.nn.Module):
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
 
     @classmethod
-    def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None) -> "LeanModel":
+    def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None,
+                quantized: dict | None = None) -> "LeanModel":
         """From an ``*ForCausalLM`` of a family in :data:`FAMILIES` (weights shared, QKV fused).
 
         ``moe_path``: the :func:`dispatch.moe` path; default "auto" on CUDA (decode kernels for
         few tokens, grouped GEMM above), "torch" on CPU (the interpreter only when asked).
-        ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops."""
+        ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops.
+        ``quantized``: {layer index: QuantizedExperts} (``dispatch.quant.quantize_model``) to run those
+        layers' experts on (the transformers model is left as it is)."""
         from dispatch.hf import config_from_hf, weights_from_hf
 
         c = model.config
@@ -90,9 +93,9 @@ class LeanModel(torch.nn.Module):
             window = None
         cfg = LeanConfig(c.model_type, c.num_hidden_layers, c.hidden_size, heads, kv, head_dim, c.vocab_size,
                          float(c.rms_norm_eps), qk, window)
-        layers, moe_cfgs = [], []
+        layers, moe_cfgs, quantized = [], [], dict(quantized or {})
         with torch.no_grad():
-            for layer in base.layers:
+            for idx, layer in enumerate(base.layers):
                 a = layer.self_attn
                 d = {"in_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,
                      "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
@@ -103,19 +106,21 @@ class LeanModel(torch.nn.Module):
                     d["q_norm"], d["k_norm"] = a.q_norm.weight, a.k_norm.weight
                 mlp = layer.mlp
                 experts = getattr(mlp, "experts", None)
-                if hasattr(experts, "gate_up_proj"):
+                if isinstance(experts, QuantizedExpertsModule) or idx in quantized:  # dispatch.quant's codes
+                    mc = config_from_hf(c)
+                    qe, w8a8 = (quantized.pop(idx), False) if idx in quantized else (experts.quantized, experts.w8a8)
+                    d["quant"] = QuantLayer(mc, quantized_layer(mlp, mc, qe), qe, w8a8)
+                    moe_cfgs.append(mc)
+                elif hasattr(experts, "gate_up_proj"):
                     mc = config_from_hf(c)
                     d["moe"] = weights_from_hf(mlp, mc)
-                    moe_cfgs.append(mc)
-                elif isinstance(experts, QuantizedExpertsModule):  # swapped in by dispatch.quant
-                    mc = config_from_hf(c)
-                    d["quant"] = QuantLayer(mc, quantized_layer(mlp, mc, experts.quantized), experts.quantized,
-                                            experts.w8a8)
                     moe_cfgs.append(mc)
                 else:  # a dense SwiGLU layer (Qwen2-MoE's mlp_only_layers)
                     d["mlp"] = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
                     moe_cfgs.append(None)
                 layers.append(d)
+        if quantized:
+            raise ValueError(f"quantized layers {sorted(quantized)} are not MoE layers of this model")
         return cls(cfg, layers, base.embed_tokens.weight, base.norm.weight, model.lm_head.weight,
                    rope.inv_freq.float().contiguous(), float(getattr(rope, "attention_scaling", 1.0)), moe_cfgs,
                    moe_path, fused)
