@@ -31,6 +31,11 @@ def test_router_topk_ties_and_bad_input():
     cfg = MoEConfig(16, 8, 4, 2)
     w = torch.zeros(4, 16)  # every logit 0: a four-way tie, the lowest ids win
     assert router_topk(torch.ones(1, 16), w, cfg)[1].tolist() == [[0, 1]]
+    x = torch.randn(2, 16)
+    x[1, 3] = float("nan")  # a non-finite token: K valid, distinct ids, NaN weights; the other row intact
+    wts, ids = router_topk(x, torch.randn(4, 16), cfg)
+    assert ids[1].unique().numel() == 2 and bool(((ids >= 0) & (ids < 4)).all())
+    assert wts[1].isnan().all() and wts[0].isfinite().all()
     with pytest.raises(ValueError, match="router"):
         router_topk(torch.ones(1, 16), torch.zeros(5, 16), cfg)
     with pytest.raises(ValueError, match="softmax"):

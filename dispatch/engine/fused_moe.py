@@ -48,6 +48,7 @@ def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scalin
     logits = tl.where(mask_e, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, 0))
     p = p / tl.sum(p, 0)
+    p = tl.where(p != p, 2.0, p)  # NaN (a non-finite token) ranks first: K valid ids, NaN weights
     p = tl.where(mask_e, p, -1.0)
     offs_k = tl.arange(0, BLOCK_K)
     w_K = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -55,7 +56,7 @@ def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scalin
     for k in tl.static_range(K):
         best = tl.max(p, 0)
         e = tl.min(tl.where(p == best, offs_e, BLOCK_E), 0)  # ties: the lowest id
-        w_K = tl.where(offs_k == k, best, w_K)
+        w_K = tl.where(offs_k == k, tl.where(best > 1.0, float("nan"), best), w_K)
         id_K = tl.where(offs_k == k, e, id_K)
         p = tl.where(offs_e == e, -2.0, p)
     if RENORM:
