@@ -22,13 +22,19 @@ import triton.language as tl
 
 from dispatch import runtime
 from dispatch.kernels import gemm_config as gc
-from dispatch.kernels.checks import check_experts_inputs as check_experts_input
+from dispatch.kernels.checks import check_experts_inputs
 from dispatch.kernels.combine import combine, combine_torch
 from dispatch.kernels.gemm_config import GemmConfig
 from dispatch.kernels.quant_gemv import check_chunk, scale_strides, stand_ins
 from dispatch.kernels.quant_kernels import _block_scales, _qdot
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.quant.formats import FP8, QuantizedExperts, fp8_activations
+
+
+def check_experts_input(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> None:
+    """The one validator; ids outside [0, E) refused on CPU (one sync), as ``moe_decode_quant`` does."""
+    check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=x_TH.device.type == "cpu")
+
 
 W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
 
