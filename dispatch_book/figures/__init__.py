@@ -5,6 +5,8 @@ from __future__ import annotations
 # One palette for contestants across every chapter's benchmark figures.
 COLORS = {
     "ours": "#d62728",
+    "ours_decode": "#ff7f0e",
+    "ours_layer": "#8c564b",
     "dispatch": "#d62728",
     "eager": "#7f7f7f",
     "grouped_mm": "#1f77b4",

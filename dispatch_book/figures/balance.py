@@ -17,7 +17,7 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
     L, E = counts_LE.shape
     cols = min(L, 4)
     rows = (L + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(min(3.2 * cols, 9.4), 2.4 * rows), squeeze=False, sharey=True)
     for layer in range(L):
         ax = axes[layer // cols][layer % cols]
         c = counts_LE[layer].double()
@@ -34,28 +34,58 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
 
 
 def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor_label: str = "anchor"):
-    """Perplexity relative to dropless against the fraction of routed pairs dropped.
+    """Perplexity increase over dropless (%, symlog axis) against the fraction of routed pairs dropped.
 
-    Rows: ``{"capacity_factor", "dropped", "ppl"}`` (dropless first, capacity_factor None)."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for rows, label, marker in ((ours, "ours", "o"), (anchor or [], anchor_label, "s")):
+    Rows: ``{"capacity_factor", "dropped", "ppl"}`` (dropless first, capacity_factor None). Points
+    that coincide share one label; ours are labelled above, the anchor's below."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for rows, label, marker, dy, col in ((ours, "ours", "o", 8, "#d62728"),
+                                         (anchor or [], anchor_label, "s", -14, "#1f77b4")):
         if not rows:
             continue
         base = rows[0]["ppl"]
-        ax.plot([100 * r["dropped"] for r in rows], [r["ppl"] / base for r in rows], marker=marker, label=label)
-        for r in rows:
+        pts = [(100 * r["dropped"], 100 * (r["ppl"] / base - 1)) for r in rows]
+        ax.plot(*zip(*pts, strict=True), marker=marker, label=label, color=col)
+        groups = {}
+        for r, (x, y) in zip(rows, pts, strict=True):
             cf = "dropless" if r["capacity_factor"] is None else f"CF {r['capacity_factor']}"
-            ax.annotate(cf, (100 * r["dropped"], r["ppl"] / base), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+            groups.setdefault((round(x, 1), round(y, 1)), []).append(cf)
+        for j, ((x, y), names) in enumerate(groups.items()):
+            ax.annotate(", ".join(names), (x, y), fontsize=9, color=col, textcoords="offset points",
+                        xytext=(4, dy + (10 if dy > 0 and j % 2 else 0)))
     ax.set_xlabel("routed (token, expert) pairs dropped (%)")
-    ax.set_ylabel("perplexity / dropless perplexity")
-    ax.set_yscale("log")
+    ax.set_ylabel("perplexity increase over dropless (%)")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_yticks([0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000])
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.legend()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left")
     ax.set_title("What a capacity limit costs at inference")
     fig.tight_layout()
     return fig
+
+
+def describe_checkpoint(ck, model: str, dataset: str) -> list[str]:
+    """Where a loaded checkpoint came from, and whether this Python's corpus is the one it saw."""
+    from dispatch import data
+
+    log, out = ck.log, []
+    if not log:
+        return out
+    out.append(f"trained by `{log['command']}` ({log['config']['steps']} steps, "
+               f"balance={log['config']['balance']}) on Python {log['python']}, "
+               f"corpus {log['manifest_hash']}, in {log['train_seconds']:.0f} s")
+    if dataset == "stdlib":
+        here = data.manifest()
+        if here["hash"] == log["manifest_hash"]:
+            out.append(f"this Python's standard library is the same corpus ({here['hash']}): "
+                       "numbers reproduce")
+        else:
+            out.append(f"NOTE: this Python ({here['python']}) has another standard library (corpus "
+                       f"{here['hash']}) than the checkpoint's ({log['python']}, {log['manifest_hash']}): "
+                       "the numbers below will differ from the book's; retrain=True trains on this one.")
+    return out
 
 
 def training_curves(runs: dict[str, dict]):
@@ -63,7 +93,7 @@ def training_curves(runs: dict[str, dict]):
 
     ``runs``: label → ``curves`` dict of a training log (``step``, ``imbalance``,
     ``eval_step``, ``eval_ppl``)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.6))
     for label, c in runs.items():
         a.plot(c["step"], c["imbalance"], label=label)
         b.plot(c["eval_step"], c["eval_ppl"], marker=".", label=label)
@@ -88,7 +118,7 @@ def placement_bars(table: dict[int, dict[str, float]]):
     ``table``: ranks → {placement name → max/mean}."""
     ranks = sorted(table)
     names = list(table[ranks[0]])
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
     w = 0.8 / len(names)
     for i, n in enumerate(names):
         ax.bar([j + i * w for j in range(len(ranks))], [table[r][n] for r in ranks], width=w, label=n)
@@ -96,6 +126,7 @@ def placement_bars(table: dict[int, dict[str, float]]):
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_ylabel("busiest rank / mean rank")
     ax.set_title("Expert placement")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0.9, max(max(row.values()) for row in table.values()) * 1.05)
+    ax.legend(fontsize=9, loc="upper left")
     fig.tight_layout()
     return fig

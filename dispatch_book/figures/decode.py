@@ -4,7 +4,6 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from dispatch.arithmetic import H200_HBM_BPS
 from dispatch_book.figures import color
 
 LABELS = {"ours": "ours (moe_decode)", "ours_graph": "ours, CUDA graph", "ours_wide": "ours, wide tiles",
@@ -20,7 +19,7 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
     used = sorted(set(ids_TK.flatten().tolist()))
     cmap = plt.get_cmap("tab20")
     n_tiles = -(-I // block_i)
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.4, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
     for t in range(T):
         for k in range(K):
             e = int(ids_TK[t, k])
@@ -46,28 +45,66 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
     return fig
 
 
-def bandwidth(doc: dict, hbm_bps: float = H200_HBM_BPS, *, hbm_label: str = "HBM"):
-    """GB/s on the distinct chosen experts' bytes vs tokens, one panel per shape; the HBM ceiling
-    ``hbm_bps`` (bytes/s, labelled ``hbm_label``) and 80% of it drawn on top."""
+def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
+    """GB/s on the distinct chosen experts' bytes vs tokens, one panel per shape (a full-width
+    grid); the HBM ceiling ``hbm_bps`` (bytes/s, labelled ``hbm_label``) and 80% of it on top."""
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.6 * len(shapes), 3.8), squeeze=False, sharey=True)
-    for ax, shape in zip(axes[0], shapes):
+    cols = min(2, len(shapes))
+    nrows = -(-len(shapes) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(9.4, 3.6 * nrows), squeeze=False, sharey=True)
+    for ax, shape in zip(axes.flat, shapes, strict=False):
         rows = [r for r in doc["rows"] if r["shape"] == shape]
         names = list(dict.fromkeys(n for r in rows for n in r["contestants"]))
         for name in names:
             pts = [(r["tokens"], r["contestants"][name]["gbps"]) for r in rows
                    if "gbps" in r["contestants"].get(name, {})]
             if pts:
-                base = name.split("_")[0] if name.startswith("ours") else name
-                ax.plot(*zip(*pts), marker="o", ms=3, label=LABELS.get(name, name), color=color(base),
+                ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=LABELS.get(name, name),
+                        color=color(OURS_COLORS.get(name, name)),
                         ls={"ours_graph": "--", "ours_wide": ":"}.get(name, "-"))
         ax.axhline(hbm_bps / 1e9, color=color("ceiling"), lw=1)
         ax.axhline(0.8 * hbm_bps / 1e9, color=color("ceiling"), lw=0.8, ls=":")
-        ax.text(1, hbm_bps / 1e9 * 1.02, f"{hbm_label} {hbm_bps / 1e12:.2f} TB/s (80% dotted)", fontsize=7,
-                va="bottom")
+        ax.text(1, hbm_bps / 1e9 * 1.02, f"{hbm_label} {hbm_bps / 1e12:.2f} TB/s (80% dotted)",
+                fontsize=9, va="bottom")
         ax.set(xscale="log", xlabel="tokens", title=shape, ylim=(0, 1.12 * hbm_bps / 1e9))
         ax.set_xticks([r["tokens"] for r in rows], [str(r["tokens"]) for r in rows])
-    axes[0][0].set_ylabel("GB/s of expert weights read")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    for ax in axes[:, 0]:
+        ax.set_ylabel("GB/s of expert weights read")
+    for ax in axes.flat[len(shapes):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.12 / nrows, 1, 1))
     return fig
+
+
+# the three "ours" lines differ in colour as well as in dash style
+OURS_COLORS = {"ours": "ours", "ours_graph": "ours_layer", "ours_wide": "ours_decode"}
+
+
+def target_checks(doc: dict, hbm_bps: float) -> list[dict]:
+    """Chapter 3's targets at every recorded size, for ``ours`` as a user calls it: one dict per
+    (target, shape, tokens) with ``value``, ``value_graph`` (CUDA-graph replay), ``value_min``
+    (our fastest sample), ``bar`` and ``met`` (chapter 2's ``targets`` figure draws them)."""
+    def us(c, k, t="median_ms"):
+        return c[k][t] * 1e3 if t in c.get(k, {}) else float("nan")
+
+    out = []
+    for r in doc["rows"]:
+        c = r["contestants"]
+        best = min(us(c, "batched_mm"), us(c, "grouped_mm"))
+        for target, bar, num in (("≥ 80% of HBM", 80, None), ("≥ 3× batched_mm", 3, us(c, "batched_mm")),
+                                 ("never slower than transformers' best", 1, best)):
+            def val(k, t="median_ms", num=num, r=r, c=c):
+                return (100 * r["expert_bytes"] / (us(c, k, t) / 1e6) / hbm_bps if num is None
+                        else num / us(c, k, t))
+            v = val("ours")
+            out.append({"target": target, "shape": r["shape"], "tokens": r["tokens"], "bar": bar,
+                        "value": v, "value_graph": val("ours_graph"), "value_min": val("ours", "min_ms"),
+                        "met": v >= bar})
+    return out
+
+
+# The wide tiles of the recorded ``ours_wide`` contestant (results/h200/decode.json): four times
+# the rows of gate/up and of down per program of the thin default at one token.
+WIDE_BLOCK_I, WIDE_BLOCK_HO = 128, 128

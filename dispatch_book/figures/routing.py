@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from dispatch.arithmetic import H200_BF16_FLOPS, H200_HBM_BPS, expert_layer_roofline
+from dispatch.arithmetic import decode_step_roofline, expected_unique_experts, expert_layer_roofline
 from dispatch.config import MoEConfig
 from dispatch.reference import route_reference
 
@@ -28,7 +28,7 @@ def routing_heatmap(weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts:
     g = gates_TE(weights_TK, ids_TK, num_experts).numpy()
     T, E = g.shape
     counts_E = (g > 0).sum(0) if T else np.zeros(E)
-    fig, (top, ax) = plt.subplots(2, 1, figsize=(min(2 + 0.35 * E, 12), 1.6 + min(0.22 * T, 6)),
+    fig, (top, ax) = plt.subplots(2, 1, figsize=(min(2 + 0.35 * E, 8.8), 1.6 + min(0.22 * T, 6)),
                                   gridspec_kw={"height_ratios": [1, 3]}, sharex=True, constrained_layout=True)
     top.bar(np.arange(E), counts_E, color="tab:blue")
     top.axhline(T * ids_TK.shape[1] / E if T else 0, color="k", lw=0.8, ls="--", label="uniform")
@@ -74,22 +74,96 @@ def routing_widget(seed: int = 0):
                     temperature=FloatLogSlider(1.0, base=10, min=-1, max=1), tokens=IntSlider(24, 1, 64))
 
 
-def roofline_figure(cfg: MoEConfig, tokens=(1, 4, 16, 64, 256, 1024, 4096, 16384), *, bytes_per_param: int = 2):
+def roofline(fn, *args, ceil: dict, **kw):
+    """Call an arithmetic roofline function (``expert_layer_roofline``, ``decode_step_roofline``),
+    passing the ceilings where the function takes them; only its ``flops`` and ``bytes`` are used."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if "hbm_bps" in params:
+        kw.update(hbm_bps=ceil["hbm_copy_gbps"] * 1e9, flops_per_s=ceil["bf16_tflops"] * 1e12)
+    return fn(*args, **kw)
+
+
+def floors(flops: float, nbytes: float, ceil: dict) -> dict:
+    """Memory and compute floors (seconds) of some work on the ceilings ``ceil`` (``hbm_copy_gbps``,
+    ``bf16_tflops``, as from ``dispatch_book.checks.ceilings``)."""
+    t_mem = nbytes / (ceil["hbm_copy_gbps"] * 1e9)
+    t_cmp = flops / (ceil["bf16_tflops"] * 1e12)
+    return {"t_memory_s": t_mem, "t_compute_s": t_cmp, "floor_s": max(t_mem, t_cmp),
+            "bound": "memory" if t_mem >= t_cmp else "compute"}
+
+
+def kv_bytes_per_token(shape, bytes_per_param: int = 2) -> int:
+    """Bytes of KV cache one token of context adds, read once per decode step: K and V of every
+    layer's KV heads (OLMoE-1B-7B, bf16: 2 · 16 layers · 16 heads · 128 · 2 B = 128 KiB)."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * bytes_per_param
+
+
+def decode_table(shape, tokens, context: int, ceil: dict, bytes_per_param: int = 2) -> list[dict]:
+    """One decode step per batch size T (one new token per sequence, each with ``context`` tokens
+    of KV cache): weights read, KV cache read, FLOPs, intensity and the floor on ``ceil``."""
+    m, rows = shape.moe, []
+    for T in tokens:
+        r = roofline(decode_step_roofline, shape, T, ceil=ceil, bytes_per_param=bytes_per_param,
+                     context=context)
+        kv = T * context * kv_bytes_per_token(shape, bytes_per_param)
+        nbytes = r.bytes + kv
+        f = floors(r.flops, nbytes, ceil)
+        rows.append({"T": T, "experts/layer": expected_unique_experts(m.E, m.K, T),
+                     "weights GB": r.bytes / 1e9, "KV GB": kv / 1e9,
+                     "MB/token": nbytes / T / 1e6, "FLOP/byte": r.flops / nbytes,
+                     "floor µs": f["floor_s"] * 1e6, "tokens/s ≤": T / f["floor_s"], "bound": f["bound"]})
+    return rows
+
+
+def roofline_figure(cfg: MoEConfig, ceil: dict, tokens=(1, 4, 16, 64, 256, 1024, 4096, 16384), *,
+                    bytes_per_param: int = 2, gpu: str = "H200"):
     """Floors of the routed experts of one layer vs batch size: time per step (memory vs compute)
-    and per token, on the H200 ceilings of ``dispatch.arithmetic``."""
-    rows = [expert_layer_roofline(cfg, t, bytes_per_param=bytes_per_param) for t in tokens]
-    t_mem = np.array([r.t_memory_s for r in rows]) * 1e6
-    t_cmp = np.array([r.t_compute_s for r in rows]) * 1e6
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
-    a.loglog(tokens, t_mem, "o-", label=f"memory: bytes / {H200_HBM_BPS / 1e12:.1f} TB/s")
-    a.loglog(tokens, t_cmp, "s-", label=f"compute: FLOPs / {H200_BF16_FLOPS / 1e12:.0f} TFLOP/s")
+    and per token, on the measured ceilings ``ceil`` of ``gpu``."""
+    lay = [roofline(expert_layer_roofline, cfg, t, ceil=ceil, bytes_per_param=bytes_per_param)
+           for t in tokens]
+    rows = [floors(r.flops, r.bytes, ceil) for r in lay]
+    t_mem = np.array([r["t_memory_s"] for r in rows]) * 1e6
+    t_cmp = np.array([r["t_compute_s"] for r in rows]) * 1e6
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.6), constrained_layout=True)
+    a.loglog(tokens, t_mem, "o-", label=f"memory: bytes / {ceil['hbm_copy_gbps'] / 1e3:.2f} TB/s")
+    a.loglog(tokens, t_cmp, "s-", label=f"compute: FLOPs / {ceil['bf16_tflops']:.0f} TFLOP/s")
     a.set_xlabel("tokens in the batch T")
     a.set_ylabel("floor per layer step (µs)")
-    a.legend(fontsize=8)
+    a.legend(fontsize=9)
     b.loglog(tokens, np.maximum(t_mem, t_cmp) * 1e3 / np.array(tokens), "o-", color="tab:red")
     b.set_xlabel("tokens in the batch T")
     b.set_ylabel("floor per token (ns)")
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"routed experts of one layer: H={cfg.H}, I={cfg.I}, top-{cfg.K} of {cfg.E}, H200 bf16")
+    fig.suptitle(f"routed experts of one layer: H={cfg.H}, I={cfg.I}, top-{cfg.K} of {cfg.E}, "
+                 f"{gpu} bf16 (measured ceilings)")
     return fig
+
+
+def route_agreement(cfgs: dict, tokens: int, dev, dt, seed: int, *, exact: bool, w_tol: float) -> list[dict]:
+    """Chapter 1's router check, one row per layer config: ``route`` (the kernel) against
+    ``route_torch`` on seeded logits. With ``exact`` the ids must match everywhere; otherwise (bf16 or
+    fp16 logits, or compiled Triton) softmax ids may differ only between experts of equal probability
+    and sigmoid ids at ≤ 1 token in 1000 (the GPU tests' rule). Weights within ``w_tol`` wherever
+    the ids agree."""
+    from dispatch.kernels.routing import route, route_torch
+
+    out = []
+    for name, c in cfgs.items():
+        g = torch.Generator().manual_seed(seed + 1)
+        lg = torch.randn(tokens, c.E, generator=g).to(dev, dt)
+        b = (0.3 * torch.randn(c.E, generator=g)).to(dev) if c.correction_bias else None
+        w_TK, ids_TK = route(lg, c, b)
+        w_ref, ids_ref = route_torch(lg, c, b)
+        ok_T = (ids_TK.long() == ids_ref.long()).all(1)
+        if not exact and c.scoring == "softmax":  # tied experts have equal probabilities
+            p_TE = torch.softmax(lg.float(), -1)
+            gap = p_TE.gather(1, ids_TK.long()) - p_TE.gather(1, ids_ref.long())
+            ok_T = (gap.abs() <= 1e-6).all(1)
+        ids_ok = bool(ok_T.all()) if exact or c.scoring == "softmax" else ok_T.float().mean().item() >= 0.999
+        w_ok = bool((w_TK - w_ref)[ok_T].abs().max() <= w_tol) if ok_T.any() else True
+        out.append({"layer": name, "E": c.E, "K": c.K, "ids agree": "yes" if ids_ok else "NO",
+                    f"weights within {w_tol:.0e}": "yes" if w_ok else "NO"})
+    return out

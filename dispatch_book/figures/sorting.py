@@ -33,7 +33,7 @@ def sorted_layout(routes, ids_TK: torch.Tensor, *, title: str = ""):
     real = rows_P < N
     code[real] = ids_N[rows_P[real]]
     cmap = ListedColormap(_expert_colors(E) + [PAD_COLOR, UNUSED_COLOR])
-    fig, ax = plt.subplots(figsize=(min(0.42 * bm + 2.4, 12), 0.45 * max(B, 1) + 1.2), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(min(0.42 * bm + 2.4, 9), 0.45 * max(B, 1) + 1.2), constrained_layout=True)
     ax.imshow(code.reshape(B, bm), cmap=cmap, vmin=-0.5, vmax=E + 1.5, aspect="auto", interpolation="nearest")
     for s in np.flatnonzero(real):
         ax.text(s % bm, s // bm, str(rows_P[s]), ha="center", va="center", fontsize=7)
@@ -67,9 +67,10 @@ def block_scan_figure(ids_TK: torch.Tensor, num_experts: int, block_n: int):
     histogram (kernel 1), then the running count before it per expert (kernel 2)."""
     hist, before = block_histograms(ids_TK, num_experts, block_n)
     N = ids_TK.numel()
-    fig, axes = plt.subplots(1, 2, figsize=(min(1.2 + 0.7 * num_experts, 12), 0.5 * len(hist) + 1.6),
+    fig, axes = plt.subplots(1, 2, figsize=(min(1.2 + 0.7 * num_experts, 9), 0.5 * len(hist) + 1.6),
                              constrained_layout=True)
-    for ax, mat, name in zip(axes, (hist, before), ("kernel 1: hist[b, e]", "kernel 2: before[b, e]")):
+    for ax, mat, name in zip(axes, (hist, before), ("kernel 1: hist[b, e]", "kernel 2: before[b, e]"),
+                             strict=True):
         ax.imshow(mat, cmap="Blues", aspect="auto", vmin=0, vmax=max(int(mat.max()), 1) * 1.6)
         for (b, e), v in np.ndenumerate(mat):
             ax.text(e, b, str(v), ha="center", va="center", fontsize=8)
@@ -87,15 +88,15 @@ def routing_sort_figure(doc: dict, ops=("route", "sort")):
     solid = route, dashed = sort. ``doc`` is a ``results/<gpu>/routing_sort.json`` document."""
     rows = doc["rows"]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.6), squeeze=False,
+    fig, axes = plt.subplots(1, len(shapes), figsize=(min(3.1 * len(shapes), 9.4), 3.6), squeeze=False,
                              constrained_layout=True, sharey=True)
-    for ax, shape in zip(axes[0], shapes):
-        for op, ls in zip(ops, ("-", "--", ":")):
+    for ax, shape in zip(axes[0], shapes, strict=False):
+        for op, ls in zip(ops, ("-", "--", ":")[:len(ops)], strict=True):
             for impl in ("ours", "torch"):
                 pts = sorted((r["T"], r["median_ms"] * 1e3) for r in rows
                              if r["shape"] == shape and r["op"] == op and r["impl"] == impl)
                 if pts:
-                    ax.plot(*zip(*pts), ls=ls, marker="o", ms=3, color=color(impl), label=f"{op}: {impl}")
+                    ax.plot(*zip(*pts, strict=True), ls=ls, marker="o", ms=3, color=color(impl), label=f"{op}: {impl}")
         r0 = next(r for r in rows if r["shape"] == shape)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -1,0 +1,28 @@
+"""Chapter 1, exercise 2: a top-1 routing kernel in Triton.
+
+One program per token: load the token's row of E logits (E may not be a power of two: mask the
+tail with -inf), find the largest logit and its index, and store the index and its softmax
+probability ``1 / Σ_e exp(logit_e − max)``. ``top1`` (given) allocates the outputs and launches
+one program per token; complete ``_top1_kernel``.
+"""
+import torch
+import triton
+import triton.language as tl
+
+import dispatch  # noqa: F401  (turns on the interpreter on a machine without CUDA)
+
+
+@triton.jit
+def _top1_kernel(logits_ptr, weight_ptr, id_ptr, E, stride_t, BLOCK_E: tl.constexpr):
+    pass  # your kernel here: program id, masked load, max, argmax, the softmax probability, two stores
+
+
+def top1(logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight_T fp32, id_T int32) of each token's best expert."""
+    T, E = logits_TE.shape
+    weight_T = torch.full((T,), float("nan"), device=logits_TE.device)
+    id_T = torch.full((T,), -1, dtype=torch.int32, device=logits_TE.device)
+    if T:
+        _top1_kernel[(T,)](logits_TE, weight_T, id_T, E, logits_TE.stride(0),
+                           BLOCK_E=triton.next_power_of_2(E))
+    return weight_T, id_T

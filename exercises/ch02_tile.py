@@ -1,0 +1,31 @@
+"""Chapter 2, exercise 2: the up-projection tile with the SwiGLU epilogue.
+
+One expert, M rows: ``h_MI = silu(x_MH · gate_IHᵀ) ⊙ (x_MH · up_IHᵀ)`` where ``gate_up_2IH`` stacks
+gate (rows 0..I-1) over up (rows I..2I-1). The grid is (cdiv(M, BLOCK_M), cdiv(I, BLOCK_N)): a
+program computes a BLOCK_M × BLOCK_N tile of h. Complete ``_up_tile_kernel``: the offsets and
+masks (M, I and H need not be multiples of the blocks), a loop over H in steps of BLOCK_K with
+two ``tl.dot`` into fp32 accumulators, and the epilogue that applies SwiGLU and stores h.
+"""
+import torch
+import triton
+import triton.language as tl
+
+import dispatch  # noqa: F401  (turns on the interpreter on a machine without CUDA)
+
+
+@triton.jit
+def _up_tile_kernel(x_ptr, w_ptr, h_ptr, M, H, I, s_xm, s_xh, s_wn, s_wh, s_hm, s_hi,  # noqa: E741
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pass  # your kernel here
+
+
+def up_swiglu(x_MH: torch.Tensor, gate_up_2IH: torch.Tensor, *, block_m=16, block_n=16, block_k=16):
+    """h_MI (fp32) of one expert."""
+    M, H = x_MH.shape
+    I = gate_up_2IH.shape[0] // 2  # noqa: E741
+    h_MI = torch.full((M, I), float("nan"), device=x_MH.device)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(I, block_n))
+    if M:
+        _up_tile_kernel[grid](x_MH, gate_up_2IH, h_MI, M, H, I, *x_MH.stride(), *gate_up_2IH.stride(),
+                              *h_MI.stride(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return h_MI
