@@ -2,10 +2,16 @@
 
     python -m dispatch.generate --model cpu --prompt "def " --max-new-tokens 64
     python -m dispatch.generate --model PATH_OR_HUB_ID --prompt "..." --batch 8 --temperature 0.8 --top-p 0.9
+    python -m dispatch.generate --model cpu --prompt "def " --quant int8
 
 ``--model cpu`` is the small OLMoE trained on Python's standard library that ships with the
 package (offline). Row 0 streams; with ``--batch B`` the other rows (the same prompt, sampled with
 their own draws) are printed at the end. The last line gives prefill and decode tokens/s.
+
+``--quant int8|fp8`` (or a scheme of ``dispatch.quant.SCHEMES``; int8 = int8-channel, fp8 =
+fp8-channel) quantizes the routed experts first. On a GPU they run on the quantized kernels (fp8
+needs sm_89+: an older GPU is refused with a clear error); on CPU they compute on the dequantized
+codes in plain PyTorch — the same numbers the kernels compute, not their speed.
 """
 from __future__ import annotations
 
@@ -25,18 +31,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-graphs", action="store_true", help="run the decode step eagerly on CUDA")
+    p.add_argument("--quant", default=None, help="quantize the experts: int8 | fp8 | a dispatch.quant scheme")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None, out=None) -> dict:
     """Run the command; returns the timings (and the text of every row) as a dict."""
     from dispatch.engine import Engine, SamplingParams
+    from dispatch.engine.quant import quantize, scheme_name
     from dispatch.train import load
 
     a = parse(argv)
     out = out or sys.stdout
     params = SamplingParams(a.temperature, a.top_p, a.seed)
+    scheme = None if a.quant is None else scheme_name(a.quant)  # a bad name fails before loading
     loaded = load(a.model, device=a.device, dtype=a.dtype)
+    if scheme is not None:
+        quantize(loaded.model, scheme)
     tok = loaded.tokenizer
     ids = tok(a.prompt)["input_ids"]
     if not ids:
@@ -64,11 +75,12 @@ def main(argv: list[str] | None = None, out=None) -> dict:
     texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
     for b in range(1, a.batch):
         out.write(f"--- row {b}\n{a.prompt}{texts[b]}\n")
-    report = {"prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s, "ttft_s": res.ttft_s,
-              "batch": a.batch, "new_tokens": [len(t) for t in res.tokens], "texts": texts}
+    report = {"quant": scheme, "prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s,
+              "ttft_s": res.ttft_s, "batch": a.batch, "new_tokens": [len(t) for t in res.tokens], "texts": texts}
     out.write(f"[prefill {res.prompt_tokens} tokens: {res.prefill_tok_s:,.0f} tok/s · decode {res.decode_steps} "
               f"steps x {a.batch} rows: {res.decode_tok_s:,.0f} tok/s · time to first token "
-              f"{res.ttft_s * 1e3:.1f} ms · {eng.dev}, {'CUDA graphs' if eng.graphs else 'eager'}]\n")
+              f"{res.ttft_s * 1e3:.1f} ms · {eng.dev}, {'CUDA graphs' if eng.graphs else 'eager'}"
+              f"{', experts ' + scheme if scheme else ''}]\n")
     return report
 
 

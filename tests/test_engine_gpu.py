@@ -99,3 +99,46 @@ def test_greedy_vs_transformers_generate_bf16():
           f"{report}")
     # No floor on the count: a random-weight model's logits are flat, so near-ties are common and
     # bf16 summation order decides them; what must hold is asserted above for every divergence.
+
+
+def test_deepseek_v3_graph_equals_eager():
+    """DeepSeek-V3 (transformers' MLA forward, our experts) captured per bucket: the same tokens."""
+    _, model = tiny_model("deepseek_v3")
+    model = on_gpu(model)
+    prompts = [list(range(3 + b, 12 + 2 * b)) for b in range(3)]
+    graphed = Engine(model, max_batch=3, max_seq=48).generate(prompts, 12)
+    eager = Engine(model, max_batch=3, max_seq=48, graphs=False).generate(prompts, 12)
+    assert graphed.tokens == eager.tokens
+
+
+def test_batch1_fused_moe_gpu():
+    """Batch 1 (router+top-K in one kernel, down and combine in one): OLMoE's layer shape against the
+    twins, then the engine's graphed tokens against the unfused lean forward's, row by row."""
+    from dispatch.config import MoEConfig
+    from dispatch.engine.fused_moe import moe_decode_1, router_topk, router_topk_torch
+    from dispatch.kernels.gemv import moe_decode_torch
+
+    dt = runtime.compute_dtype()
+    g = torch.Generator("cuda").manual_seed(0)
+    H, I, E, K = 2048, 1024, 64, 8  # noqa: E741
+    cfg = MoEConfig(H, I, E, K)
+    x = torch.randn(1, H, device="cuda", generator=g).to(dt)
+    router = (torch.randn(E, H, device="cuda", generator=g) / H**0.5).to(dt)
+    gu = (torch.randn(E, 2 * I, H, device="cuda", generator=g) / H**0.5).to(dt)
+    dn = (torch.randn(E, H, I, device="cuda", generator=g) / I**0.5).to(dt)
+    w, ids = router_topk(x, router, cfg)
+    w2, ids2 = router_topk_torch(x, router, cfg)
+    assert set(ids[0].tolist()) == set(ids2[0].tolist()) and (w.sort()[0] - w2.sort()[0]).abs().max() < 1e-2
+    y, ref = moe_decode_1(x, w, ids, gu, dn).float(), moe_decode_torch(x, w, ids, gu, dn).float()
+    assert (y - ref).abs().max() <= 2**-7 * ref.abs().max()
+    model = olmoe_random()
+    ids = torch.arange(7, 31, device="cuda")[None]
+    steps = []
+    for lean in (LeanModel.from_hf(model), LeanModel.from_hf(model, fused=False)):
+        cache = lean.new_cache(1, 32)
+        with torch.no_grad():
+            lean(ids[:, :23], torch.arange(23, device="cuda")[None], cache, prefill=True)
+            steps.append(lean(ids[:, 23:], torch.full((1, 1), 23, device="cuda"), cache, prefill=False).float())
+    assert (steps[0] - steps[1]).abs().max() <= LOGIT_TOL * steps[1].abs().max()
+    a = Engine(LeanModel.from_hf(model), max_seq=64)
+    assert a.generate([ids[0].tolist()], 12).tokens == a.generate([ids[0].tolist()], 12).tokens

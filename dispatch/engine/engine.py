@@ -18,11 +18,19 @@ from typing import Callable, Iterator
 
 import torch
 
+from dispatch.engine.hfmodel import HFModel
 from dispatch.engine.model import LeanModel
 from dispatch.engine.sampling import SamplingParams, sample
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GREEDY = SamplingParams()
+
+
+def as_engine_model(model):
+    """The lean forward for the families it covers; transformers' own forward (DeepSeek-V3)."""
+    if getattr(model.config, "model_type", None) == "deepseek_v3":
+        return HFModel(model)
+    return LeanModel.from_hf(model)
 
 
 def bucket(batch: int) -> int:
@@ -57,10 +65,11 @@ class Generation:
 
 
 class Engine:
-    """Batch 1–256 generation over a :class:`LeanModel` (built from a transformers model if given one)."""
+    """Batch 1–256 generation over a :class:`LeanModel` (built from a transformers model if given one;
+    DeepSeek-V3 runs transformers' own forward: :class:`dispatch.engine.hfmodel.HFModel`)."""
 
     def __init__(self, model, *, max_batch: int = 1, max_seq: int = 512, graphs: bool | None = None):
-        self.model = model if isinstance(model, LeanModel) else LeanModel.from_hf(model)
+        self.model = model if isinstance(model, (LeanModel, HFModel)) else as_engine_model(model)
         self.dev = self.model.device
         if max_seq < 2:
             raise ValueError(f"max_seq must be >= 2, got {max_seq}")

@@ -15,7 +15,10 @@ not written here: run it through transformers with the ``"dispatch"`` experts ba
 
 On CUDA the norms, residual adds, q/k norms, RoPE and cache writes run as two fused kernels
 (:mod:`dispatch.engine.fused`); on CPU as their torch twins (transformers' ops, one for one).
+At batch 1 a softmax-routed MoE layer runs router + top-K as one kernel and the experts as two
+(:mod:`dispatch.engine.fused_moe`).
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
+Quantized experts (a model passed through ``dispatch.quant.swap_experts``): :mod:`dispatch.engine.quant`.
 Cache: ``k_LBSkD`` / ``v_LBSkD`` [L, B, S, kv, D]; rows of a batch may sit at different positions.
 """
 from __future__ import annotations
@@ -27,6 +30,8 @@ import torch.nn.functional as F
 
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.engine.fused import add_rms, add_rms_torch, qk_rope, qk_rope_torch
+from dispatch.engine.quant import QuantLayer, quantized_layer
+from dispatch.quant.modules import QuantizedExpertsModule
 
 FAMILIES = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe")
 
@@ -57,12 +62,15 @@ class LeanModel(torch.nn.Module):
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
 
     @classmethod
-    def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None) -> "LeanModel":
+    def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None,
+                quantized: dict | None = None) -> "LeanModel":
         """From an ``*ForCausalLM`` of a family in :data:`FAMILIES` (weights shared, QKV fused).
 
         ``moe_path``: the :func:`dispatch.moe` path; default "auto" on CUDA (decode kernels for
         few tokens, grouped GEMM above), "torch" on CPU (the interpreter only when asked).
-        ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops."""
+        ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops.
+        ``quantized``: {layer index: QuantizedExperts} (``dispatch.quant.quantize_model``) to run those
+        layers' experts on (the transformers model is left as it is)."""
         from dispatch.hf import config_from_hf, weights_from_hf
 
         c = model.config
@@ -85,9 +93,9 @@ class LeanModel(torch.nn.Module):
             window = None
         cfg = LeanConfig(c.model_type, c.num_hidden_layers, c.hidden_size, heads, kv, head_dim, c.vocab_size,
                          float(c.rms_norm_eps), qk, window)
-        layers, moe_cfgs = [], []
+        layers, moe_cfgs, quantized = [], [], dict(quantized or {})
         with torch.no_grad():
-            for layer in base.layers:
+            for idx, layer in enumerate(base.layers):
                 a = layer.self_attn
                 d = {"in_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,
                      "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
@@ -97,7 +105,13 @@ class LeanModel(torch.nn.Module):
                 if qk != "none":
                     d["q_norm"], d["k_norm"] = a.q_norm.weight, a.k_norm.weight
                 mlp = layer.mlp
-                if hasattr(getattr(mlp, "experts", None), "gate_up_proj"):
+                experts = getattr(mlp, "experts", None)
+                if isinstance(experts, QuantizedExpertsModule) or idx in quantized:  # dispatch.quant's codes
+                    mc = config_from_hf(c)
+                    qe, w8a8 = (quantized.pop(idx), False) if idx in quantized else (experts.quantized, experts.w8a8)
+                    d["quant"] = QuantLayer(mc, quantized_layer(mlp, mc, qe), qe, w8a8)
+                    moe_cfgs.append(mc)
+                elif hasattr(experts, "gate_up_proj"):
                     mc = config_from_hf(c)
                     d["moe"] = weights_from_hf(mlp, mc)
                     moe_cfgs.append(mc)
@@ -105,6 +119,8 @@ class LeanModel(torch.nn.Module):
                     d["mlp"] = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
                     moe_cfgs.append(None)
                 layers.append(d)
+        if quantized:
+            raise ValueError(f"quantized layers {sorted(quantized)} are not MoE layers of this model")
         return cls(cfg, layers, base.embed_tokens.weight, base.norm.weight, model.lm_head.weight,
                    rope.inv_freq.float().contiguous(), float(getattr(rope, "attention_scaling", 1.0)), moe_cfgs,
                    moe_path, fused)
@@ -126,12 +142,23 @@ class LeanModel(torch.nn.Module):
 
     def _mlp(self, i: int, x_TH):
         d = self.layers[i]
+        if "quant" in d:
+            return d["quant"](x_TH, self.moe_path)
         if "mlp" in d:
             g, u, dn = d["mlp"]
             return F.linear(F.silu(F.linear(x_TH, g)) * F.linear(x_TH, u), dn)
+        cfg, w = self.moe_cfgs[i], d["moe"]
+        if self.fused and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and cfg.scoring == "softmax":
+            from dispatch.engine.fused_moe import moe_decode_1, router_topk
+            from dispatch.reference import shared_reference
+
+            weights_TK, ids_TK = router_topk(x_TH, w.router_EH, cfg)  # batch 1: 3 launches, not 5
+            y_TH = moe_decode_1(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
+            shared_TH = shared_reference(x_TH, cfg, w)
+            return y_TH if shared_TH is None else y_TH + shared_TH
         from dispatch.moe import moe
 
-        return moe(x_TH, self.moe_cfgs[i], d["moe"], path=self.moe_path)
+        return moe(x_TH, cfg, w, path=self.moe_path)
 
     def forward(self, ids_BS: torch.Tensor, pos_BS: torch.Tensor, cache, *, prefill: bool) -> torch.Tensor:
         """Logits [B, S, V]. ``prefill``: the cache is empty and ``pos_BS`` is 0..S-1 in every row
@@ -166,5 +193,5 @@ class LeanModel(torch.nn.Module):
 
 
 def moe_weights(model: LeanModel) -> list[MoEWeights]:
-    """The MoE layers' weights (for byte counting)."""
+    """The unquantized MoE layers' weights (for byte counting)."""
     return [d["moe"] for d in model.layers if "moe" in d]

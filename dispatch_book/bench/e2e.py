@@ -10,6 +10,8 @@ prompts of ``--prompt`` random tokens. Contestants (one run, same model):
     hf_graph            transformers' decode step (static cache) captured in a CUDA graph by hand
     hf_graph_dispatch   the same with this package's experts (``experts_implementation="dispatch"``)
     ours                ``dispatch.engine.Engine`` (lean forward, one CUDA graph per batch bucket)
+    ours_int8 / ours_fp8   the same with the experts quantized (int8-channel / fp8-channel, chapter 7;
+                        fp8 only on sm_89+), at batch 1 and 64 (``QUANT_BATCHES``)
 
 Per row: decode tok/s (rows × steps / s), prefill tok/s, time to first token, peak memory, and
 % of the bandwidth roofline = bytes one decode step must read (attention and router weights, the
@@ -29,9 +31,11 @@ from dispatch import runtime
 from dispatch_book import bench
 
 GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
+QUANT = {"ours_int8": "int8-channel", "ours_fp8": "fp8-channel"}
+QUANT_BATCHES = (1, 64)
 # In the order they run (each over every batch size): a spent budget skips the last ones first.
-CONTESTANTS = ("ours", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm", "hf_batched_mm", "hf_eager",
-               "hf_compile_static")
+CONTESTANTS = ("ours", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm", "hf_batched_mm",
+               "hf_eager", "hf_compile_static")
 
 
 def read_gbps() -> tuple[float, str]:
@@ -156,6 +160,16 @@ def ours(lean, ids, new: int) -> dict:
             "new_tokens": new, "graph_step_ms": res.decode_s / max(res.decode_steps, 1) * 1e3}
 
 
+def quantized_lean(model, scheme: str):
+    """The engine's model with ``scheme``'s experts (the transformers model is left as it is)."""
+    from dispatch.engine import LeanModel
+    from dispatch.engine.quant import check_device
+    from dispatch.quant import quantize_model
+
+    check_device(scheme, model.device)  # fp8 below sm_89: a recorded error, not a crash
+    return LeanModel.from_hf(model, quantized=quantize_model(model, scheme))
+
+
 def profiles(model, lean, B: int) -> list[dict]:
     """Per-step profile of the engine's step, eager then as a graph replay, and transformers' eager step."""
     from dispatch.engine import Engine, LeanModel
@@ -165,10 +179,10 @@ def profiles(model, lean, B: int) -> list[dict]:
     engine.generate([[1] * 16] * B, 2)
     rows = [{"what": "ours, eager step", **step_profile(lambda: engine._step(B, True))},
             {"what": "ours, CUDA graph", **step_profile(lambda: engine._run_step(B, True))}]
-    if B == 1:  # the same graph with the glue as torch ops (no fused kernels)
+    if B == 1:  # the same graph unfused: glue as torch ops, the MoE layer in 5 launches
         unfused = Engine(LeanModel.from_hf(model, fused=False), max_batch=B, max_seq=512)
         unfused.generate([[1] * 16] * B, 2)
-        rows.append({"what": "ours, CUDA graph, glue as torch ops", **step_profile(lambda: unfused._run_step(B, True))})
+        rows.append({"what": "ours, CUDA graph, unfused", **step_profile(lambda: unfused._run_step(B, True))})
         del unfused
     from transformers import StaticCache
 
@@ -215,6 +229,8 @@ def main(argv=None) -> None:
             row = {"contestant": name, "batch": B}
             slow = name in ("hf_eager", "hf_compile_static") or (name == "hf_batched_mm" and B > 8)
             new = min(a.hf_new, a.new) if name in GENERATE else a.new
+            if name in QUANT and B not in QUANT_BATCHES:
+                continue
             if left < (60 if slow else 15):
                 row["skipped"] = f"wall-clock budget ({a.budget_s:.0f} s) spent: {left:.0f} s left"
             elif name == "hf_compile_static" and B > 8:
@@ -224,6 +240,9 @@ def main(argv=None) -> None:
                 try:
                     if name == "ours":
                         row.update(ours(lean, ids, a.new))
+                    elif name in QUANT:
+                        row.update(ours(quantized_lean(model, QUANT[name]), ids, a.new))
+                        row["bytes_note"] = "roofline counted in bf16 expert bytes"
                     elif name.startswith("hf_graph"):
                         row.update(hf_graph(model, ids, a.new, "dispatch" if name.endswith("dispatch")
                                             else "grouped_mm"))
