@@ -154,7 +154,7 @@ def decode_step_roofline(shape: ModelShape, tokens: int = 1, *, hbm_bps: float, 
                          bytes_per_param: int = 2, context: int = 0) -> Roofline:
     """One decode step of the whole model for a batch of T tokens (one new token per sequence).
 
-    Bytes: every non-expert weight once (attention, norms, routers, shared/dense MLPs, lm_head),
+    Bytes: every non-expert weight once (attention, norms, routers, shared or dense MLPs, lm_head),
     T embedding rows, and per MoE layer the expected distinct experts of T tokens. FLOPs:
     2 · T · (active parameters − embedding), plus attention scores 4·L·(heads·head_dim)·context
     per token when ``context`` > 0. The KV cache is not counted.
