@@ -126,13 +126,16 @@ def test_chunks_must_fit_the_scale_blocks():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("T", [1, 8, 64, 600])
-def test_gpu_quant_kernels(scheme, T):
+@pytest.mark.parametrize("cfg,T", [(MoEConfig(2048, 1024, 64, 8), t) for t in (1, 8, 64, 600, 4096)]
+                         + [(SHAPES[1], 5), (SHAPES[1], 300)],
+                         ids=["T1", "T8", "T64", "T600", "T4096", "odd-T5", "odd-T300"])
+def test_gpu_quant_kernels(scheme, cfg, T):
+    """Compiled kernels (QUANT=True) vs the twin; T=4096 takes the 128-row blocks, the odd shape
+    (H=192, I=160) partial chunks and scale blocks straddling gate and up."""
     dev = torch.device("cuda")
     if scheme.startswith("fp8") and runtime.capability(dev) < (8, 9):
         pytest.skip("fp8 e4m3 codes need sm_89+")
     dt = runtime.compute_dtype(dev)
-    cfg = MoEConfig(2048, 1024, 64, 8)
     x, w, ids, qe = case(cfg, T, scheme, seed=T, dev=dev, dtype=dt)
     twin = moe_experts_quant_torch(x, w, ids, qe)
     if T <= 64:

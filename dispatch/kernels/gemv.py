@@ -36,6 +36,7 @@ from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
+from dispatch.kernels.quant_kernels import weight_operand
 from dispatch.kernels.tiles import DecodeConfig
 from dispatch.kernels.tiles import heuristic_decode as default_config  # noqa: F401  (old name: chapter 3 imports it)
 from dispatch.reference import swiglu, swiglu_expert
@@ -76,16 +77,15 @@ def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch
 def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig) -> torch.Tensor:
     """The first two launches of :func:`moe_decode` (inputs already checked): → out_NH [T·K, H] fp32,
     row t·K + k = weights_TK[t, k] · expert_{ids_TK[t, k]}(x_t); rows with an id outside [0, E) are left
-    unwritten (expert parallelism sums them elsewhere, or never)."""
+    unwritten (expert parallelism sums them elsewhere, or never). The weights may be quantized
+    (``dispatch.quant.QuantizedTensor``, block_h / block_id inside their scale blocks: chapter 7)."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     if T == 0 or E == 0:
         return torch.zeros(T * K, H, dtype=torch.float32, device=x_TH.device)
     if x_TH.stride(1) != 1:  # the kernels read x, and the weights, along a contiguous last dim
         x_TH = x_TH.contiguous()
-    if gate_up_E2IH.stride(-1) != 1:
-        gate_up_E2IH = gate_up_E2IH.contiguous()
-    if down_EHI.stride(-1) != 1:
-        down_EHI = down_EHI.contiguous()
+    gu, gs, gs_strides, g_const = weight_operand(gate_up_E2IH, H)
+    dn, ds, ds_strides, d_const = weight_operand(down_EHI, I)
     N = T * K
     slots = min(E, N)  # at most this many distinct experts are used
     BLOCK_E = max(16, triton.next_power_of_2(E))
@@ -93,15 +93,15 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     _up_swiglu_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(I, cfg.block_i)))](
-        x_TH, ids_TK, gate_up_E2IH, h_NI, N, K, E, H, I,
-        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1),
-        gate_up_E2IH.stride(0), gate_up_E2IH.stride(1), h_NI.stride(0),
+        x_TH, ids_TK, gu, gs, h_NI, N, K, E, H, I,
+        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
+        **g_const,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
     _down_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
-        h_NI, ids_TK, weights_TK, down_EHI, out_NH, N, K, E, H, I,
+        h_NI, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        down_EHI.stride(0), down_EHI.stride(1), h_NI.stride(0), out_NH.stride(0),
+        dn.stride(0), dn.stride(1), *ds_strides, h_NI.stride(0), out_NH.stride(0), **d_const,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
     return out_NH

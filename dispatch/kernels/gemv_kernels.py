@@ -1,11 +1,16 @@
 """Triton kernels of the decode path; the launcher and the story are in :mod:`dispatch.kernels.gemv`.
 
+The weights are bf16/fp16/fp32, or 8-bit codes with fp32 scales (``QUANT``, chapter 7): the constexpr
+switch of :mod:`dispatch.kernels.quant_kernels`; ``QUANT=False`` compiles to the plain ``tl.dot``.
+
 Grouping by expert happens inside the kernels: program ``slot`` finds the slot-th smallest expert id
 present in ``ids_TK`` (``_slot_expert``) and the routed rows n = t·K + k sent to it, ascending
 (``_rows_of_expert``) — no sort launch and no host sync, so a decode step is three launches.
 """
 import triton
 import triton.language as tl
+
+from dispatch.kernels.quant_kernels import _block_scales, _qdot
 
 
 @triton.jit
@@ -40,8 +45,9 @@ def _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, h_ptr, N, K, E, H, I,
-                      s_xt, s_it, s_ik, s_ge, s_gi, s_hn,
+def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
+                      s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn,
+                      SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
     """h_NI[rows of e, i-tiles] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
@@ -50,6 +56,7 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, h_ptr, N, K, E, H, I,
     """
     slot = tl.program_id(0)
     e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
+    s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
     for m0 in range(0, count, BLOCK_M):
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
         x_row = x_ptr + (rows_M // K).to(tl.int64)[:, None] * s_xt
@@ -68,16 +75,22 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, h_ptr, N, K, E, H, I,
                 w_mask = mask_h[:, None] & mask_i[None, :]
                 g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
                 u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
-                acc_g = tl.dot(x_MH, g_HI, acc_g)
-                acc_u = tl.dot(x_MH, u_HI, acc_u)
+                sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
+                su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
+                acc_g = _qdot(x_MH, g_HI, sg_I, acc_g, QUANT, False, LATE_SCALE, False)
+                acc_u = _qdot(x_MH, u_HI, su_I, acc_u, QUANT, False, LATE_SCALE, False)
+            if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
+                acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+                acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
             h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
             h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
             tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
 
 
 @triton.jit
-def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, out_ptr, N, K, E, H, I,
-                 s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_hn, s_on,
+def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
+                 s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on,
+                 SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
     """out_NH[rows of e, h-tiles] = weight · (h @ down.T), in fp32; down rows streamed once.
@@ -86,6 +99,7 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, out_ptr, N, K, E, H, I,
     """
     slot = tl.program_id(0)
     e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
+    s_e = ds_ptr + e.to(tl.int64) * s_se
     for m0 in range(0, count, BLOCK_M):
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
         h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
@@ -100,6 +114,9 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, out_ptr, N, K, E, H, I,
                 mask_i = offs_i < I
                 h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0)
                 d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
-                acc = tl.dot(h_MI, d_IO, acc)
+                s_O = _block_scales(s_e, offs_o, i0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
+                acc = _qdot(h_MI, d_IO, s_O, acc, QUANT, False, LATE_SCALE, False)
+            if LATE_SCALE:
+                acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
             out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
             tl.store(out, acc * w_M[:, None], mask=valid_M[:, None] & mask_o[None, :])

@@ -17,123 +17,16 @@ import dataclasses
 
 import torch
 import triton
-import triton.language as tl
 from torch.library import custom_op
 
 from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl
+from dispatch.kernels.grouped_kernels import _down_kernel, _down_tile, _swizzle, _up_swiglu_kernel, _up_tile  # noqa: F401
+from dispatch.kernels.quant_kernels import weight_operand
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
 from dispatch.reference import swiglu
-
-
-@triton.jit
-def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
-             TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             EVEN_K: tl.constexpr):
-    """One output tile of the up kernel: block pid_b (expert e) × columns pid_n of h."""
-    offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(rows_ptr + offs_m)
-    valid_m = rows < N  # padding slots hold N
-    t = (rows // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < I
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + t[:, None] * s_xt + offs_k[None, :] * s_xh                      # [BM, BK]
-    g_ptrs = w_ptr + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk      # [BK, BN]
-    u_ptrs = g_ptrs + I * s_wn
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, tl.cdiv(H, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=valid_m[:, None], other=0.0)
-            bg = tl.load(g_ptrs, mask=mask_n[None, :], other=0.0)
-            bu = tl.load(u_ptrs, mask=mask_n[None, :], other=0.0)
-        else:
-            mask_k = offs_k < H - k0 * BLOCK_K
-            a = tl.load(a_ptrs, mask=valid_m[:, None] & mask_k[None, :], other=0.0)
-            bg = tl.load(g_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            bu = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc_g = tl.dot(a, bg, acc_g)
-        acc_u = tl.dot(a, bu, acc_u)
-        a_ptrs += BLOCK_K * s_xh
-        g_ptrs += BLOCK_K * s_wk
-        u_ptrs += BLOCK_K * s_wk
-    h = acc_g * tl.sigmoid(acc_g) * acc_u  # SwiGLU in fp32, in registers
-    h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_n[None, :] * s_hi
-    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask_n[None, :])
-
-
-@triton.jit
-def _swizzle(GROUP_M: tl.constexpr):
-    """(block, column tile) of this program. Launch order walks GROUP_M blocks × every column tile,
-    then the next GROUP_M blocks: programs in flight together share x rows and weight tiles in L2."""
-    pid_b, pid_n = tl.program_id(0), tl.program_id(1)
-    if GROUP_M > 1:
-        nb = tl.num_programs(0)
-        pid = pid_n * nb + pid_b  # the hardware's launch order (x fastest)
-        width = GROUP_M * tl.num_programs(1)
-        first = (pid // width) * GROUP_M
-        rows = tl.minimum(nb - first, GROUP_M)
-        pid_b = first + (pid % width) % rows
-        pid_n = (pid % width) // rows
-    return pid_b, pid_n
-
-
-@triton.jit
-def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET,
-                      s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
-                      TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_b, pid_n = _swizzle(GROUP_M)
-    e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-    if e >= 0:  # blocks past the used ones do nothing
-        _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
-                 s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-
-
-@triton.jit
-def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi, s_we, s_wn, s_wk,
-               s_on, s_oh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               EVEN_K: tl.constexpr):
-    """One output tile of the down kernel: block pid_b (expert e) × columns pid_n of out."""
-    offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(rows_ptr + offs_m)
-    valid_m = rows < N
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < H
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_k[None, :] * s_hi    # [BM, BK], slot order
-    b_ptrs = w_ptr + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk      # [BK, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, tl.cdiv(I, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-        else:
-            mask_k = offs_k < I - k0 * BLOCK_K
-            a = tl.load(a_ptrs, mask=mask_k[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * s_hi
-        b_ptrs += BLOCK_K * s_wk
-    wt = tl.load(wts_ptr + rows, mask=valid_m, other=0.0)  # routing weight of each row, fp32
-    acc = acc * wt[:, None]
-    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * s_on + offs_n[None, :] * s_oh  # row n: written once
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & mask_n[None, :])
-
-
-@triton.jit
-def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_BUCKET,
-                 s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 GROUP_M: tl.constexpr):
-    pid_b, pid_n = _swizzle(GROUP_M)
-    e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-    if e >= 0:
-        _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
-                   s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
 
 
 def _even_k(kdim_name):
@@ -152,6 +45,11 @@ def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, sha
                           num_warps=config.num_warps, num_stages=config.num_stages)
 
 
+def _act(a: torch.Tensor, w8a8: bool) -> dict:
+    """Constexprs of the activations: fp8 on load (w8a8), pre-rounded to e4m3 under the interpreter."""
+    return dict(W8A8=w8a8, PRE_ROUND=w8a8 and tiles.interpreting(a.device))
+
+
 def _check_routes(routes, n_rows: int, block_m: int | None = None):
     if routes.sorted_rows_P.dtype != torch.int32 or routes.block_expert_B.dtype != torch.int32:
         raise ValueError("routes.sorted_rows_P and routes.block_expert_B must be int32 (from sort_by_expert)")
@@ -165,21 +63,23 @@ def _check_routes(routes, n_rows: int, block_m: int | None = None):
     return P // B
 
 
-def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH: torch.Tensor, *,
-                      config: GemmConfig | None = None) -> torch.Tensor:
+def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmConfig | None = None,
+                      w8a8: bool = False) -> torch.Tensor:
     """Up-projection of every sorted slot with SwiGLU fused: → h_PI (x's dtype; padding slots → 0).
 
     x_TH [T, H] (any strides), routes from ``sort_by_expert(ids_TK, E, block_m)``,
     gate_up_E2IH [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up). Slots of unused blocks are left unwritten.
+    Quantized weights (a ``dispatch.quant.QuantizedTensor``, chapter 7) need a pinned ``config``
+    whose block_k fits their scale blocks; ``w8a8``: fp8 activations too (fp8 codes only).
     """
-    if x_TH.dim() != 2 or gate_up_E2IH.dim() != 3:
+    if x_TH.dim() != 2 or len(gate_up_E2IH.shape) != 3:
         raise ValueError(f"x must be [T, H] and gate_up [E, 2I, H], got {tuple(x_TH.shape)} and "
                          f"{tuple(gate_up_E2IH.shape)}")
     T, H = x_TH.shape
     E, I2, H2 = gate_up_E2IH.shape
     if H2 != H or I2 % 2:
         raise ValueError(f"gate_up must be [E, 2I, H={H}], got {tuple(gate_up_E2IH.shape)}")
-    if gate_up_E2IH.dtype != x_TH.dtype:
+    if isinstance(gate_up_E2IH, torch.Tensor) and gate_up_E2IH.dtype != x_TH.dtype:  # codes: any 8-bit dtype
         raise ValueError(f"x is {x_TH.dtype} but gate_up is {gate_up_E2IH.dtype}")
     check_launch("grouped_up_swiglu", x_TH)
     if routes.num_tokens != T or routes.num_experts != E:
@@ -192,27 +92,28 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH: torch.Tensor, *,
     bm = _check_routes(routes, N, config.block_m if config else None)
     P, B = routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
-    args = (x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
-            *x_TH.stride(), *gate_up_E2IH.stride(), *h_PI.stride())
+    w, s, s_strides, quant = weight_operand(gate_up_E2IH, H, w8a8)
+    args = (x_TH, w, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
+            *x_TH.stride(), *w.stride(), *h_PI.stride(), s, *s_strides)
     _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
-            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k)
+            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k, **quant, **_act(x_TH, w8a8))
     return h_PI
 
 
-def grouped_down(h_PI: torch.Tensor, routes, down_EHI: torch.Tensor, weights_TK: torch.Tensor, *,
-                 config: GemmConfig | None = None) -> torch.Tensor:
+def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor, *,
+                 config: GemmConfig | None = None, w8a8: bool = False) -> torch.Tensor:
     """Down-projection times the routing weight, stored at routed row n = t·K + k: → out_NH.
 
     h_PI [P, I] from :func:`grouped_up_swiglu`, down_EHI [E, H, I], weights_TK [T, K] (any float;
-    applied in fp32 to the fp32 accumulator, one cast on store).
+    applied in fp32 to the fp32 accumulator, one cast on store). Quantized weights as there.
     """
-    if h_PI.dim() != 2 or down_EHI.dim() != 3:
+    if h_PI.dim() != 2 or len(down_EHI.shape) != 3:
         raise ValueError(f"h must be [P, I] and down [E, H, I], got {tuple(h_PI.shape)} and {tuple(down_EHI.shape)}")
     P, I = h_PI.shape
     E, H, I2 = down_EHI.shape
     if I2 != I:
         raise ValueError(f"down must be [E, H, I={I}], got {tuple(down_EHI.shape)}")
-    if down_EHI.dtype != h_PI.dtype:
+    if isinstance(down_EHI, torch.Tensor) and down_EHI.dtype != h_PI.dtype:
         raise ValueError(f"h is {h_PI.dtype} but down is {down_EHI.dtype}")
     check_launch("grouped_down", h_PI)
     if P != routes.sorted_rows_P.numel() or E != routes.num_experts:
@@ -225,10 +126,11 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI: torch.Tensor, weights_TK:
     B = routes.block_expert_B.numel()
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=h_PI.device, dtype=h_PI.dtype)
-    args = (h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
-            *h_PI.stride(), *down_EHI.stride(), *out_NH.stride())
+    w, s, s_strides, quant = weight_operand(down_EHI, I, w8a8)
+    args = (h_PI, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
+            *h_PI.stride(), *w.stride(), *out_NH.stride(), s, *s_strides)
     _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,
-            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device))
+            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device), **quant, **_act(h_PI, w8a8))
     return out_NH
 
 

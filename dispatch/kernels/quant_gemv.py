@@ -3,8 +3,8 @@
 Same three launches as :mod:`dispatch.kernels.gemv` (grouping inside the kernels, up+SwiGLU → down ×
 weight → combine in k order) and the same tiles; only the weight loads differ: each program streams
 8-bit codes — half the bytes of bf16 — plus one fp32 scale per row and scale block, and multiplies
-them in (see :mod:`dispatch.kernels.quant_kernels`). Weight-only (w8a16): activations stay in x's
-dtype, so the tensor cores run in bf16/fp16 (fp32 under the interpreter).
+them in: the same kernels with ``QUANT=True`` (:mod:`dispatch.kernels.quant_kernels`). Weight-only
+(w8a16): activations stay in x's dtype, so the tensor cores run in bf16/fp16 (fp32 under the interpreter).
 
 fp8 e4m3 codes need an sm_89+ GPU (Ada, Hopper) for Triton's conversions; int8 runs everywhere
 (a T4, and the CPU interpreter). Plain-PyTorch twin: :func:`moe_decode_quant_torch`.
@@ -14,14 +14,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import triton
 
 from dispatch import runtime
 from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.combine import combine_impl
-from dispatch.kernels.gemv import moe_decode_torch
-from dispatch.kernels.quant_kernels import _down_q_kernel, _up_swiglu_q_kernel
+from dispatch.kernels.gemv import decode_rows, moe_decode_torch
 from dispatch.kernels.tiles import DecodeConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, QuantizedTensor
 
@@ -60,10 +58,6 @@ def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts) -> DecodeConfig:
     return replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down))
 
 
-def scale_strides(t: QuantizedTensor) -> tuple[int, int, int]:
-    return t.scale.stride(0), t.scale.stride(1), t.scale.stride(2)
-
-
 def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, config: DecodeConfig | None = None,
                      check_ids: bool = False) -> torch.Tensor:
     """:func:`dispatch.kernels.gemv.moe_decode` with quantized experts → y_TH [T, H] in x's dtype.
@@ -71,38 +65,19 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
     ``experts`` from :func:`dispatch.quant.quantize_experts`, on x's device. ``config`` as for
     ``moe_decode``; its block_h / block_id must fit the scale blocks (default: the tile policy's
     heuristic tiles, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
+    The kernels are the decode kernels of ``moe_decode`` with ``QUANT=True``.
     """
     gu, dn = stand_ins(x_TH, experts)
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn, check_ids=check_ids)
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
     check_launch("moe_decode_quant", x_TH)
     cfg = config or fit_scales(tiles.heuristic_decode(T, K, E, H, I, x_TH.device), experts)
     check_chunk("block_h", cfg.block_h, experts.gate_up)
     check_chunk("block_id", cfg.block_id, experts.down)
     if T == 0:
         return x_TH.new_empty(0, H)
-    if x_TH.stride(1) != 1:
-        x_TH = x_TH.contiguous()
-    gq, dq = experts.gate_up.q.contiguous(), experts.down.q.contiguous()
-    N = T * K
-    slots = min(E, N)
-    BLOCK_E = max(16, triton.next_power_of_2(E))
-    CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
-    h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
-    out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
-    g, d = experts.gate_up, experts.down
-    _up_swiglu_q_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(I, cfg.block_i)))](
-        x_TH, ids_TK, gq, g.scale, h_NI, N, K, E, H, I,
-        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), gq.stride(0), gq.stride(1), *scale_strides(g),
-        h_NI.stride(0), SBR=g.block_rows, SBC=g.block_cols, LATE_SCALE=g.block_cols >= H,
-        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-    _down_q_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
-        h_NI, ids_TK, weights_TK, dq, d.scale, out_NH, N, K, E, H, I,
-        ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        dq.stride(0), dq.stride(1), *scale_strides(d), h_NI.stride(0), out_NH.stride(0),
-        SBR=d.block_rows, SBC=d.block_cols, LATE_SCALE=d.block_cols >= I,
-        BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    out_NH = decode_rows(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg)
     return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype)  # rows with ids outside [0, E): selected away
 
 

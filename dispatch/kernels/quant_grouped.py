@@ -2,7 +2,8 @@
 
 The schedule of :mod:`dispatch.kernels.grouped_gemm` (sort by expert → one program per (block of
 BLOCK_M sorted rows, column tile) → combine in k order), with the weight tiles read as 8-bit codes
-and dequantized in registers (:mod:`dispatch.kernels.quant_kernels`):
+and dequantized in registers: the grouped GEMM's own kernels with ``QUANT=True``
+(:mod:`dispatch.kernels.quant_kernels`):
 
     w8a16  codes → x's dtype (exact), bf16/fp16 tensor cores, × the scale of each column's block
     w8a8   fp8 e4m3 codes and activations quantized on load, one scale per token and 128 columns
@@ -17,15 +18,13 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from dispatch import runtime
 from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.combine import combine_impl, combine_torch
-from dispatch.kernels.quant_gemv import check_chunk, scale_strides, stand_ins
-from dispatch.kernels.quant_kernels import _block_scales, _qdot
+from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
+from dispatch.kernels.quant_gemv import check_chunk, stand_ins
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, fp8_activations
@@ -34,95 +33,17 @@ from dispatch.reference import swiglu
 W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
 
 
-@triton.jit
-def _up_q_kernel(x_ptr, q_ptr, s_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I,
-                 s_xt, s_xh, s_qe, s_qn, s_qk, s_se, s_sr, s_sc, s_hp, s_hi,
-                 TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SBR: tl.constexpr, SBC: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr,
-                 PRE_ROUND: tl.constexpr):
-    """h_PI[slots of block b, n-tile] = silu(x @ gate.T) * (x @ up.T), gate/up dequantized in registers."""
-    pid_b = tl.program_id(0)
-    e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-    if e >= 0:  # blocks past the used ones do nothing
-        offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows = tl.load(rows_ptr + offs_m)
-        valid_m = rows < N  # padding slots hold N
-        t = (rows // TOP_K).to(tl.int64)
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < I
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = x_ptr + t[:, None] * s_xt + offs_k[None, :] * s_xh
-        g_ptrs = q_ptr + e * s_qe + offs_n[None, :] * s_qn + offs_k[:, None] * s_qk
-        u_ptrs = g_ptrs + I * s_qn
-        s_e = s_ptr + e * s_se
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, tl.cdiv(H, BLOCK_K)):
-            mask_k = offs_k < H - k0 * BLOCK_K
-            a = tl.load(a_ptrs, mask=valid_m[:, None] & mask_k[None, :], other=0.0)
-            bg = tl.load(g_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            bu = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            sg = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, s_sr, s_sc, SBR, SBC)
-            su = _block_scales(s_e, I + offs_n, k0 * BLOCK_K, mask_n, s_sr, s_sc, SBR, SBC)
-            acc_g = _qdot(a, bg, sg, acc_g, W8A8, LATE_SCALE, PRE_ROUND)
-            acc_u = _qdot(a, bu, su, acc_u, W8A8, LATE_SCALE, PRE_ROUND)
-            a_ptrs += BLOCK_K * s_xh
-            g_ptrs += BLOCK_K * s_qk
-            u_ptrs += BLOCK_K * s_qk
-        if LATE_SCALE:
-            acc_g *= _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC)[None, :]
-            acc_u *= _block_scales(s_e, I + offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC)[None, :]
-        h = acc_g * tl.sigmoid(acc_g) * acc_u
-        h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_n[None, :] * s_hi
-        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask_n[None, :])
-
-
-@triton.jit
-def _down_q_kernel(h_ptr, q_ptr, s_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I,
-                   s_hp, s_hi, s_qe, s_qn, s_qk, s_se, s_sr, s_sc, s_on, s_oh,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SBR: tl.constexpr, SBC: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr,
-                   PRE_ROUND: tl.constexpr):
-    """out_NH[rows of block b, n-tile] = weight · (h @ down.T), down dequantized in registers."""
-    pid_b = tl.program_id(0)
-    e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-    if e >= 0:
-        offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows = tl.load(rows_ptr + offs_m)
-        valid_m = rows < N
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < H
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_k[None, :] * s_hi
-        b_ptrs = q_ptr + e * s_qe + offs_n[None, :] * s_qn + offs_k[:, None] * s_qk
-        s_e = s_ptr + e * s_se
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, tl.cdiv(I, BLOCK_K)):
-            mask_k = offs_k < I - k0 * BLOCK_K
-            a = tl.load(a_ptrs, mask=mask_k[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            s_n = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, s_sr, s_sc, SBR, SBC)
-            acc = _qdot(a, b, s_n, acc, W8A8, LATE_SCALE, PRE_ROUND)
-            a_ptrs += BLOCK_K * s_hi
-            b_ptrs += BLOCK_K * s_qk
-        if LATE_SCALE:
-            acc *= _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC)[None, :]
-        wt = tl.load(wts_ptr + rows, mask=valid_m, other=0.0)
-        acc = acc * wt[:, None]
-        o_ptrs = out_ptr + rows[:, None].to(tl.int64) * s_on + offs_n[None, :] * s_oh
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & mask_n[None, :])
-
-
 def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool) -> GemmConfig:
     """Pinned tiles: the interpreter's small config on CPU; on a GPU BLOCK_N 64 (the scaled partial
     products need a second accumulator's registers), BLOCK_K 128 for w8a8 (one activation scale per
-    chunk) else 64, pipeline stages shrunk to the device's shared memory."""
+    chunk) else 64, pipeline stages shrunk to the device's shared memory (1-byte weight tiles)."""
     if tiles.interpreting(dev):
         return replace(tiles.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else tiles.INTERPRET_CONFIG
     bm = tiles.pick_block_m(T * K, E, dev)
     cfg = GemmConfig(block_m=bm, block_n=64, block_k=W8A8_GROUP if w8a8 else 64, num_warps=8 if bm >= 64 else 4,
                      num_stages=4)
-    while cfg.num_stages > 1 and tiles.shared_bytes(cfg, 2) > runtime.max_shared_bytes(dev) - tiles.HEADROOM:
+    budget = runtime.max_shared_bytes(dev) - tiles.HEADROOM
+    while cfg.num_stages > 1 and tiles.shared_bytes(cfg, 2, elt=1) + cfg.num_stages * bm * cfg.block_k > budget:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
@@ -157,23 +78,8 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     check_chunk("block_k", cfg.block_k, experts.gate_up)
     check_chunk("block_k", cfg.block_k, experts.down)
     routes = sort_by_expert(ids_TK, E, cfg.block_m)
-    P, B = routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
-    N = T * K
-    g, d = experts.gate_up, experts.down
-    launch = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, W8A8=w8a8,
-                  PRE_ROUND=w8a8 and x_TH.device.type == "cpu",
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
-    _up_q_kernel[(B, triton.cdiv(I, cfg.block_n))](
-        x_TH, g.q, g.scale, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I,
-        *x_TH.stride(), *g.q.stride(), *scale_strides(g), *h_PI.stride(),
-        TOP_K=K, SBR=g.block_rows, SBC=g.block_cols, LATE_SCALE=not w8a8 and g.block_cols >= H, **launch)
-    wts_N = weights_TK.reshape(-1).float().contiguous()
-    out_NH = torch.empty(N, H, device=x_TH.device, dtype=x_TH.dtype)
-    _down_q_kernel[(B, triton.cdiv(H, cfg.block_n))](
-        h_PI, d.q, d.scale, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I,
-        *h_PI.stride(), *d.q.stride(), *scale_strides(d), *out_NH.stride(),
-        SBR=d.block_rows, SBC=d.block_cols, LATE_SCALE=not w8a8 and d.block_cols >= I, **launch)
+    h_PI = grouped_up_swiglu(x_TH, routes, experts.gate_up, config=cfg, w8a8=w8a8)
+    out_NH = grouped_down(h_PI, routes, experts.down, weights_TK, config=cfg, w8a8=w8a8)
     return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)  # rows with ids outside [0, E): selected away
 
 

@@ -5,8 +5,10 @@
     modules.py   QuantizedExpertsModule / swap_experts: our quantized kernels inside a transformers model
     accuracy.py  the gates: per-layer error for every preset, perplexity, greedy-token agreement
 
-The kernels that read the codes and dequantize in registers: ``dispatch.kernels.quant_gemv``
-(decode, weight-only) and ``dispatch.kernels.quant_grouped`` (grouped GEMM, w8a16 and fp8 w8a8).
+The kernels that read the codes and dequantize in registers are the decode and grouped-GEMM kernels
+themselves, behind one constexpr switch (``QUANT``, :mod:`dispatch.kernels.quant_kernels`); their
+launchers for quantized experts: ``dispatch.kernels.quant_gemv`` (decode, weight-only) and
+``dispatch.kernels.quant_grouped`` (grouped GEMM, w8a16 and fp8 w8a8).
 """
 from dispatch.quant.accuracy import greedy, greedy_agreement, layer_error, perplexity
 from dispatch.quant.formats import (

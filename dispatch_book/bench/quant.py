@@ -2,6 +2,10 @@
 
     python -m dispatch_book.bench quant [--out results] [--shapes a,b] [--tokens 1,64,4096] [--quick]
 
+``--quick`` (about two minutes on an H200, most of it compiling): OLMoE and Mixtral, T = 1, 8, 64
+(decode) and 4096, 16384 (grouped), the int8-channel and fp8-block128 schemes (+ w8a8), and the
+layer errors of those two shapes only.
+
 For each shape the bf16 experts are quantized with every scheme of :data:`dispatch.quant.SCHEMES`;
 for each token count one routing (softmax top-K of random logits) is given to every contestant:
 
@@ -31,7 +35,9 @@ from dispatch_book import bench
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
-QUICK_TOKENS = (1, 64, 4096)
+QUICK_SHAPES = ("olmoe-1b-7b", "mixtral-8x7b")
+QUICK_TOKENS = (1, 8, 64, 4096, 16384)
+QUICK_SCHEMES = ("int8-channel", "fp8-block128")
 TWIN_TOL = 2e-2  # ‖kernel − twin‖ / ‖twin‖ in bf16
 QUANT_TOL = {"int8": 3e-2, "fp8": 8e-2, "w8a8": 0.1}  # ‖quantized − bf16‖ / ‖bf16‖
 
@@ -65,14 +71,15 @@ def contestants(T, x, w_TK, ids, gu, dn, qes):
     return out
 
 
-def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=print) -> tuple[list[dict], list[dict]]:
+def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=print,
+            schemes=quant.SCHEMES) -> tuple[list[dict], list[dict]]:
     """(rows per token count, memory rows per scheme) of one shape; ``timer(fn)`` → time_ms dict."""
     cfg = PRESETS[name]
     dt = runtime.compute_dtype(dev)
     w = random_weights(cfg, dtype=dt, device=dev)
     gu, dn = w.gate_up_E2IH, w.down_EHI
     cap = runtime.capability(dev)
-    schemes = [s for s in quant.SCHEMES if s.startswith("int8") or cap is None or cap >= (8, 9)]
+    schemes = [s for s in schemes if s.startswith("int8") or cap is None or cap >= (8, 9)]
     qes = {s: quant.quantize_experts(gu, dn, s) for s in schemes}
     bf16_bytes = 2 * (gu.numel() + dn.numel())
     memory = [{"shape": name, "scheme": s, "expert_bytes": qe.nbytes(), "bf16_bytes": bf16_bytes,
@@ -113,11 +120,12 @@ def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=pr
     return rows, memory
 
 
-def layer_errors(dev) -> list[dict]:
-    """Per-layer error of every scheme on every preset (8 experts sampled, 256 tokens)."""
+def layer_errors(dev, presets=tuple(PRESETS), schemes=quant.SCHEMES) -> list[dict]:
+    """Per-layer error of each scheme on each preset (8 experts sampled, 256 tokens)."""
     out = []
-    for name, cfg in PRESETS.items():
-        for s in quant.SCHEMES:
+    for name in presets:
+        cfg = PRESETS[name]
+        for s in schemes:
             out.append({"preset": name, "scheme": s, **quant.layer_error(cfg, s, experts=8, tokens=256, device=dev)})
     return out
 
@@ -127,7 +135,8 @@ def figure(doc: dict):
     import matplotlib.pyplot as plt
 
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
-    fig, axes = plt.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 5.5), squeeze=False, sharey="row")
+    width = min(10.0, 1.0 + 2.6 * len(shapes))  # inches: within the book's column at any shape count
+    fig, axes = plt.subplots(2, len(shapes), figsize=(width, 5.5), squeeze=False, sharey="row")
     names = list(dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]))
     for j, shape in enumerate(shapes):
         rows = [r for r in doc["rows"] if r["shape"] == shape]
@@ -148,25 +157,29 @@ def figure(doc: dict):
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench quant")
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS} only")
+    p.add_argument("--shapes", default=None, help=f"default {','.join(SHAPES)}")
+    p.add_argument("--tokens", default=None, help=f"default {','.join(map(str, TOKENS))}")
+    p.add_argument("--quick", action="store_true",
+                   help=f"shapes {QUICK_SHAPES}, tokens {QUICK_TOKENS}, schemes {QUICK_SCHEMES} (~2 min)")
     bench.add_output_args(p)
     a = p.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the quant benchmark needs a CUDA GPU (chapter 7 plots the recorded results instead)")
     dev = torch.device("cuda")
     read_bps, source = read_ceiling()
-    tokens = QUICK_TOKENS if a.quick else tuple(int(t) for t in a.tokens.split(","))
+    shapes = a.shapes.split(",") if a.shapes else QUICK_SHAPES if a.quick else SHAPES
+    tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else QUICK_TOKENS if a.quick else TOKENS
+    schemes = QUICK_SCHEMES if a.quick else quant.SCHEMES
     rows, memory = [], []
-    for name in a.shapes.split(","):
-        r, m = measure(name, tokens, dev, read_bps)
+    for name in shapes:
+        r, m = measure(name, tokens, dev, read_bps, schemes=schemes)
         rows += r
         memory += m
-    errors = layer_errors(dev)
+    errors = layer_errors(dev, QUICK_SHAPES if a.quick else tuple(PRESETS), schemes)
     path = bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty,
                       extra={"read_bps": read_bps, "read_bps_source": source, "memory": memory,
-                             "layer_errors": errors, "dtype": str(runtime.compute_dtype(dev))})
+                             "layer_errors": errors, "dtype": str(runtime.compute_dtype(dev)),
+                             "quick": a.quick})
     print(f"wrote {path}")
 
 
