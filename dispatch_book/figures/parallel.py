@@ -63,18 +63,21 @@ def send_matrix(counts_RR, *, title: str = "rows sent (source → destination)")
 STYLE = {  # contestant -> (colour key, line style, label); older recordings' names included
     "nccl_all_to_all": ("nccl", ":", "NCCL all_to_all_single of every (token, expert) pair, one way"),
     "nccl_dispatch_combine": ("nccl", "-", "NCCL dispatch + combine (exact splits)"),
-    "nccl_dispatch_combine_graph": ("nccl", "--", "NCCL dispatch + combine (fixed capacity, CUDA graph)"),
+    "nccl_dispatch_combine_graph": ("nccl_graph", "--", "NCCL dispatch + combine (fixed capacity, CUDA graph)"),
     "p2p_round_trip": ("p2p", "--", "peer-to-peer round trip (eager)"),
-    "p2p_round_trip_graph": ("p2p", "-", "peer-to-peer round trip (CUDA graph)"),
+    "p2p_round_trip_graph": ("p2p_graph", "-", "peer-to-peer round trip (CUDA graph)"),
     "p2p_dispatch_combine": ("p2p", "--", "peer-to-peer dispatch + combine (eager)"),
-    "p2p_dispatch_combine_graph": ("p2p", "-", "peer-to-peer dispatch + combine (CUDA graph)"),
+    "p2p_dispatch_combine_graph": ("p2p_graph", "-", "peer-to-peer dispatch + combine (CUDA graph)"),
     "ep_nccl": ("nccl", "-", "expert parallel (NCCL)"),
-    "ep_nccl_graph": ("nccl", "--", "expert parallel (NCCL, fixed capacity, CUDA graph)"),
+    "ep_nccl_graph": ("nccl_graph", "--", "expert parallel (NCCL, fixed capacity, CUDA graph)"),
     "ep_p2p": ("p2p", "-", "expert parallel (peer-to-peer)"),
-    "ep_p2p_graph": ("p2p", "-", "expert parallel (peer-to-peer, CUDA graph)"),
+    "ep_p2p_graph": ("p2p_graph", "-", "expert parallel (peer-to-peer, CUDA graph)"),
     "one_gpu": ("torch", "--", "one GPU, whole batch, same kernels"),
     "one_gpu_auto": ("torch", ":", "one GPU, whole batch, default path"),
     "single_gpu": ("torch", "--", "one GPU, whole batch")}
+
+
+GRAPH_COLORS = {"nccl_graph": "#17becf", "p2p_graph": "#ff7f0e"}  # a CUDA-graph variant's own colour
 
 
 def ms(row: dict) -> float:
@@ -84,7 +87,7 @@ def ms(row: dict) -> float:
 
 def expert_parallel_timings(doc: dict):
     """Two panels from a results doc: the exchange, and the routed experts / whole layer, vs tokens/GPU."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(9.4, 4.4))  # 940 px at 100 dpi: the book's column
     for ax, kind in zip(axes, ("exchange", "layer"), strict=True):
         by = {}
         for row in doc["rows"]:
@@ -93,13 +96,14 @@ def expert_parallel_timings(doc: dict):
         for name, pts in by.items():
             pts.sort()
             c, ls, label = STYLE.get(name, ("torch", "-", name))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", color=color(c), label=label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="s" if "graph" in name else "o",
+                    color=GRAPH_COLORS.get(c) or color(c), label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens per GPU")
         ax.set_ylabel("ms per call (slowest rank, median)")
         ax.set_title({"exchange": "dispatch + combine", "layer": "MoE experts, EP vs one GPU"}[kind])
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig
