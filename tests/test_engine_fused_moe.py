@@ -68,7 +68,7 @@ def test_moe_decode_1_rejects_more_tokens():
 def test_lean_decode_step_with_fused_moe(family):
     """Batch 1, kernels everywhere (glue, router, experts): the decode step's logits as transformers'."""
     _, model = tiny_model(family)
-    lean = LeanModel.from_hf(model, fused=True, moe_path="decode")
+    lean = LeanModel.from_hf(model, fused=True, fused_moe=True, moe_path="decode")
     ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(6))
     cache = lean.new_cache(1, 8)
     with torch.no_grad():

@@ -134,7 +134,7 @@ def test_batch1_fused_moe_gpu():
     model = olmoe_random()
     ids = torch.arange(7, 31, device="cuda")[None]
     steps = []
-    for lean in (LeanModel.from_hf(model), LeanModel.from_hf(model, fused=False)):
+    for lean in (LeanModel.from_hf(model, fused_moe=True), LeanModel.from_hf(model, fused=False)):
         cache = lean.new_cache(1, 32)
         with torch.no_grad():
             lean(ids[:, :23], torch.arange(23, device="cuda")[None], cache, prefill=True)

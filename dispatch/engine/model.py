@@ -15,8 +15,10 @@ not written here: run it through transformers with the ``"dispatch"`` experts ba
 
 On CUDA the norms, residual adds, q/k norms, RoPE and cache writes run as two fused kernels
 (:mod:`dispatch.engine.fused`); on CPU as their torch twins (transformers' ops, one for one).
-At batch 1 a softmax-routed MoE layer runs router + top-K as one kernel and the experts as two
-(:mod:`dispatch.engine.fused_moe`).
+With ``fused_moe=True``, a softmax-routed MoE layer at batch 1 runs router + top-K as one kernel
+and the experts as two (:mod:`dispatch.engine.fused_moe`). Off by default: measured on an H200 it
+was slower than the library's three decode launches (501 vs 719 tokens/s at batch 1): its down
+kernel gives OLMoE's layer half the programs, too few to stream the weights at full bandwidth.
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
 Quantized experts (a model passed through ``dispatch.quant.swap_experts``): :mod:`dispatch.engine.quant`.
 Cache: ``k_LBSkD`` / ``v_LBSkD`` [L, B, S, kv, D]; rows of a batch may sit at different positions.
@@ -54,21 +56,22 @@ class LeanModel(torch.nn.Module):
     """``forward(ids_BS, pos_BS, cache, *, prefill)`` → logits [B, S, V] (the model's dtype)."""
 
     def __init__(self, cfg: LeanConfig, layers: list[dict], embed, norm, lm_head, inv_freq, rope_scale,
-                 moe_cfgs: list[MoEConfig | None], moe_path: str, fused: bool):
+                 moe_cfgs: list[MoEConfig | None], moe_path: str, fused: bool, fused_moe: bool = False):
         super().__init__()
         self.cfg, self.layers, self.moe_cfgs, self.moe_path = cfg, layers, moe_cfgs, moe_path
-        self.fused = fused
+        self.fused, self.fused_moe = fused, fused and fused_moe
         self.embed, self.norm, self.lm_head = embed, norm, lm_head
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
 
     @classmethod
     def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None,
-                quantized: dict | None = None) -> "LeanModel":
+                fused_moe: bool = False, quantized: dict | None = None) -> "LeanModel":
         """From an ``*ForCausalLM`` of a family in :data:`FAMILIES` (weights shared, QKV fused).
 
         ``moe_path``: the :func:`dispatch.moe` path; default "auto" on CUDA (decode kernels for
         few tokens, grouped GEMM above), "torch" on CPU (the interpreter only when asked).
         ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops.
+        ``fused_moe``: at batch 1, :mod:`dispatch.engine.fused_moe` (needs ``fused``; off: slower).
         ``quantized``: {layer index: QuantizedExperts} (``dispatch.quant.quantize_model``) to run those
         layers' experts on (the transformers model is left as it is)."""
         from dispatch.hf import config_from_hf, weights_from_hf
@@ -123,7 +126,7 @@ class LeanModel(torch.nn.Module):
             raise ValueError(f"quantized layers {sorted(quantized)} are not MoE layers of this model")
         return cls(cfg, layers, base.embed_tokens.weight, base.norm.weight, model.lm_head.weight,
                    rope.inv_freq.float().contiguous(), float(getattr(rope, "attention_scaling", 1.0)), moe_cfgs,
-                   moe_path, fused)
+                   moe_path, fused, fused_moe)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -148,7 +151,7 @@ class LeanModel(torch.nn.Module):
             g, u, dn = d["mlp"]
             return F.linear(F.silu(F.linear(x_TH, g)) * F.linear(x_TH, u), dn)
         cfg, w = self.moe_cfgs[i], d["moe"]
-        if self.fused and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and cfg.scoring == "softmax":
+        if self.fused_moe and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and cfg.scoring == "softmax":
             from dispatch.engine.fused_moe import moe_decode_1, router_topk
             from dispatch.reference import shared_reference
 
