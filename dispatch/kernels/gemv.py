@@ -62,14 +62,17 @@ def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Deco
     if config is not None and not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
     check_launch("moe_decode", x_TH)
-    cfg = config or tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device)
+    # no config: the tile policy picks one inside the op, where torch.compile does not trace it
+    tile_ints = list(astuple(config)) if config is not None else []
     op = torch.ops.dispatch.moe_decode if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_decode_impl
-    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, list(astuple(cfg)))
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints)
 
 
 def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
                      down_EHI: torch.Tensor, tile_ints: list[int]) -> torch.Tensor:
-    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, DecodeConfig(*tile_ints))
+    (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
+    cfg = DecodeConfig(*tile_ints) if tile_ints else tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device)
+    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg)
     # rows with an id outside [0, E) were never written: the combine selects them away
     return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype)
 
