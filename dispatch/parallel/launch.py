@@ -169,20 +169,14 @@ def _collect(procs, run_dir: pathlib.Path, timeout_s: float) -> list:
             break
         if now > deadline:
             late = [r for r in range(R) if r not in done and r not in failed]
-            failed.update(_where(procs, late, run_dir, timeout_s))
+            where = _where(procs, late, run_dir, timeout_s)
+            # A report that landed meanwhile wins (a peer's collective times out with the deadline).
+            _scan(procs, run_dir, done, failed)
+            failed.update({r: v for r, v in where.items() if r not in done and r not in failed})
             break
-        for r, p in enumerate(procs):
-            if r in done or r in failed:
-                continue
-            if (run_dir / f"rank{r}.result").exists():
-                done[r] = run_dir / f"rank{r}.result"
-            elif (run_dir / f"rank{r}.error").exists():
-                kind, at, text = (run_dir / f"rank{r}.error").read_text().split("\n", 2)
-                failed[r] = (kind, float(at), "raised " + text)
-            elif not p.is_alive():
-                failed[r] = ("own", time.time(), _death(p.exitcode))
-            if r in failed and first_failure is None:
-                first_failure = time.monotonic()
+        _scan(procs, run_dir, done, failed)
+        if failed and first_failure is None:
+            first_failure = time.monotonic()
         time.sleep(POLL_S)
     if failed:
         # The cause: a rank that failed on its own (not inside a broken collective), earliest first.
@@ -191,6 +185,20 @@ def _collect(procs, run_dir: pathlib.Path, timeout_s: float) -> list:
         others = "".join(f"\n  also rank {r}: {failed[r][2].splitlines()[0][:200]}" for r in order[1:])
         raise RankError(f"rank {first} of {R} {failed[first][2].rstrip()}{others}")
     return [torch.load(done[r], weights_only=False) for r in range(R)]
+
+
+def _scan(procs, run_dir: pathlib.Path, done: dict, failed: dict) -> None:
+    """Record each pending rank's report: a result, an error, or its death."""
+    for r, p in enumerate(procs):
+        if r in done or r in failed:
+            continue
+        if (run_dir / f"rank{r}.result").exists():
+            done[r] = run_dir / f"rank{r}.result"
+        elif (run_dir / f"rank{r}.error").exists():
+            kind, at, text = (run_dir / f"rank{r}.error").read_text().split("\n", 2)
+            failed[r] = (kind, float(at), "raised " + text)
+        elif not p.is_alive():
+            failed[r] = ("own", time.time(), _death(p.exitcode))
 
 
 def _where(procs, late, run_dir: pathlib.Path, timeout_s: float) -> dict:
