@@ -25,6 +25,33 @@ if not HAS_CUDA:
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _interpreter_scalar_loops() -> None:
+    """Triton <= 3.6's interpreter turns a scalar kernel argument (a one-element array) into a loop
+    bound with ``int(array)``, which recent NumPy refuses ("only 0-dimensional arrays can be
+    converted"): every loop with a runtime bound fails. Triton 3.7+ squeezes the array first; on
+    older Triton we add the same squeeze to the interpreter's tensor patch (restored with it)."""
+    try:
+        import triton
+        from triton.runtime import interpreter
+    except ImportError:  # no Triton: nothing to run under the interpreter
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    major, minor = (int(v) for v in triton.__version__.split(".")[:2])
+    if original is None or (major, minor) >= (3, 7) or getattr(original, "squeezes_scalars", False):
+        return
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch.squeezes_scalars = True
+    interpreter._patch_lang_tensor = patch
+
+
+if INTERPRET:
+    _interpreter_scalar_loops()
+
+
 def device(name: str = "auto") -> torch.device:
     """'auto' → cuda if present else cpu; 'cpu' / 'cuda' / 'cuda:1' as given (checked)."""
     if name == "auto":

@@ -73,3 +73,31 @@ def test_gpu_properties():
     dev = torch.device("cuda")
     assert runtime.num_sms(dev) == torch.cuda.get_device_properties(dev).multi_processor_count
     assert runtime.max_shared_bytes(dev) >= 48 * 1024
+
+
+def test_old_triton_interpreter_reads_scalar_loop_bounds(monkeypatch):
+    """Triton <= 3.6's interpreter reads a runtime loop bound with int(one-element array), which
+    recent NumPy refuses; the shim squeezes first. Simulated here on a stand-in interpreter."""
+    import types
+
+    import numpy as np
+    import triton
+    from triton.runtime import interpreter
+
+    class Scope:
+        def set_attr(self, obj, name, value):
+            setattr(obj, name, value)
+
+    def old_patch(tensor, scope):  # what Triton 3.6 installs
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", old_patch)
+    runtime._interpreter_scalar_loops()
+    Tensor = type("Tensor", (), {})
+    interpreter._patch_lang_tensor(Tensor, Scope())
+    bound = Tensor()
+    bound.handle = types.SimpleNamespace(data=np.array([5], dtype=np.int32))
+    assert list(range(0, bound, 2)) == [0, 2, 4]
+    runtime._interpreter_scalar_loops()  # a second call does not wrap twice
+    assert interpreter._patch_lang_tensor.squeezes_scalars
