@@ -127,17 +127,28 @@ def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.
     Rows grouped by expert (each used expert's weights read once); products accumulated in fp32;
     h rounded to x's dtype; weighted rows kept in fp32 and summed over k in order, cast once.
     """
-    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    return by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+
+
+def by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, act=None,
+                    row_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The twins' shared body (inputs already checked): per used expert, ``act(a)`` of each matmul
+    input (default ``a.float()``) times the fp32 weights; h rounded to x's dtype; weighted routed
+    rows stored in ``row_dtype``, then summed over k in order in fp32 and cast once to x's dtype.
+    Ids outside [0, E) add nothing, as in the kernels."""
+    act = act or (lambda a: a.float())
+    T, K = ids_TK.shape
+    E = gate_up_E2IH.shape[0]
     ids_N = ids_TK.reshape(-1)
-    out_NH = torch.zeros(T * K, H, dtype=torch.float32, device=x_TH.device)
+    out_NH = torch.zeros(T * K, down_EHI.shape[1], dtype=torch.float32, device=x_TH.device)
     for e in torch.unique(ids_N).tolist():
         if not 0 <= e < E:
-            continue  # such rows add nothing, as in the kernel
+            continue
         rows = torch.nonzero(ids_N == e).flatten()
-        x_MH = x_TH[rows // K].float()
-        h_MI = swiglu(F.linear(x_MH, gate_up_E2IH[e].float())).to(x_TH.dtype).float()
-        out_NH[rows] = F.linear(h_MI, down_EHI[e].float()) * weights_TK.reshape(-1)[rows, None].float()
-    return combine_torch(out_NH, K, ids_TK=ids_TK, num_experts=E, dtype=x_TH.dtype)
+        h_MI = swiglu(F.linear(act(x_TH[rows // K]), gate_up_E2IH[e].float())).to(x_TH.dtype)
+        out_NH[rows] = F.linear(act(h_MI), down_EHI[e].float()) * weights_TK.reshape(-1)[rows, None].float()
+    return combine_torch(out_NH.to(row_dtype), K, ids_TK=ids_TK, num_experts=E, dtype=x_TH.dtype)
 
 
 def decode_loop_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.Tensor:

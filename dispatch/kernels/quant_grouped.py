@@ -17,18 +17,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from dispatch import runtime
 from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch
-from dispatch.kernels.combine import combine_impl, combine_torch
+from dispatch.kernels.combine import combine_impl
+from dispatch.kernels.gemv import by_expert_torch
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
 from dispatch.kernels.quant_gemv import check_chunk, stand_ins
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, fp8_activations
-from dispatch.reference import swiglu
 
 W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
 
@@ -88,15 +87,7 @@ def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts,
     routed rows rounded to x's dtype as the kernels store them; w8a8 rounds x and h through fp8
     (:func:`dispatch.quant.formats.fp8_activations`); k-order combine."""
     gu, dn = stand_ins(x_TH, experts)
-    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn)
+    check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn)
     gu_E2IH, down_EHI = experts.dequantize(torch.float32)
-    act = (lambda a: fp8_activations(a, W8A8_GROUP)) if w8a8 else (lambda a: a.float())
-    ids_N = ids_TK.reshape(-1)
-    out_NH = torch.zeros(T * K, H, dtype=torch.float32, device=x_TH.device)
-    for e in torch.unique(ids_N).tolist():
-        if not 0 <= e < E:
-            continue  # such rows add nothing, as in the kernels
-        rows = torch.nonzero(ids_N == e).flatten()
-        h_MI = swiglu(F.linear(act(x_TH[rows // K]), gu_E2IH[e])).to(x_TH.dtype)
-        out_NH[rows] = F.linear(act(h_MI), down_EHI[e]) * weights_TK.reshape(-1)[rows, None].float()
-    return combine_torch(out_NH.to(x_TH.dtype), K, ids_TK=ids_TK, num_experts=E)
+    act = (lambda a: fp8_activations(a, W8A8_GROUP)) if w8a8 else None
+    return by_expert_torch(x_TH, weights_TK, ids_TK, gu_E2IH, down_EHI, act=act, row_dtype=x_TH.dtype)
