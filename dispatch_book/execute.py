@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import tempfile
 import time
+from unittest import mock
 
 
 def declared(nb_path: pathlib.Path) -> dict:
@@ -42,21 +43,15 @@ def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | Non
     from papermill.exceptions import PapermillExecutionError
 
     params = params_for(nb_path, overrides or {}, strict=strict)
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})  # the kernel is a child process: it inherits these
     t0 = time.time()
     try:
-        papermill.execute_notebook(str(nb_path), str(out_path), parameters=params, kernel_name="python3",
-                                   cwd=str(nb_path.parent), progress_bar=False, execution_timeout=cell_timeout)
+        with mock.patch.dict(os.environ, env or {}):  # the kernel is a child process: it inherits these
+            papermill.execute_notebook(str(nb_path), str(out_path), parameters=params, kernel_name="python3",
+                                       cwd=str(nb_path.parent), progress_bar=False,
+                                       execution_timeout=cell_timeout)
     except PapermillExecutionError as e:
         raise SystemExit(f"\n{_rel(nb_path, root)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
                          f"(executed copy with the traceback: {out_path})") from None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     relative_paths(out_path, nb_path, root)
     return time.time() - t0
 

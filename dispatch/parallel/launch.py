@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -142,21 +143,12 @@ def launch(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float =
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-@contextlib.contextmanager
 def _cpu_ranks(on: bool):
     """gloo ranks are CPU ranks, also on a machine with GPUs: they (and the forkserver that forks
     them, started with this environment) see no GPU, so Triton runs under its interpreter there."""
-    saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
-    if on:
-        os.environ.update(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    if not on:
+        return contextlib.nullcontext()
+    return mock.patch.dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
 
 
 def _collect(procs, run_dir: pathlib.Path, timeout_s: float) -> list:
