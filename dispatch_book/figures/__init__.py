@@ -22,3 +22,16 @@ def color(name: str) -> str:
     """A contestant's colour (a stable fallback for unknown names)."""
     palette = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e"]
     return COLORS.get(name, palette[sum(map(ord, name)) % len(palette)])
+
+
+def finish_grid(fig, axes, used: int, ylabel: str):
+    """A grid of panels, one per shape: the y label on the first column, unused panels hidden, and
+    one legend for all panels below them (taken from the first panel). Returns ``fig``."""
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    for ax in axes.flat[used:]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.12 / axes.shape[0], 1, 1))
+    return fig

@@ -4,7 +4,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from dispatch_book.figures import color
+from dispatch_book.figures import color, finish_grid
 
 LABELS = {"ours": "ours (moe_decode)", "ours_graph": "ours, CUDA graph", "ours_wide": "ours, wide tiles",
           "batched_mm": "transformers batched_mm", "grouped_mm": "transformers grouped_mm",
@@ -68,14 +68,7 @@ def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
                 fontsize=9, va="bottom")
         ax.set(xscale="log", xlabel="tokens", title=shape, ylim=(0, 1.12 * hbm_bps / 1e9))
         ax.set_xticks([r["tokens"] for r in rows], [str(r["tokens"]) for r in rows])
-    for ax in axes[:, 0]:
-        ax.set_ylabel("GB/s of expert weights read")
-    for ax in axes.flat[len(shapes):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=3, frameon=False)
-    fig.tight_layout(rect=(0, 0.12 / nrows, 1, 1))
-    return fig
+    return finish_grid(fig, axes, len(shapes), "GB/s of expert weights read")
 
 
 # the three "ours" lines differ in colour as well as in dash style

@@ -4,7 +4,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from dispatch_book.figures import color
+from dispatch_book.figures import color, finish_grid
 
 LABELS = {"ours_grouped": "ours (grouped GEMM)", "ours_decode": "ours (decode kernels)",
           "ours_layer": "ours, whole layer (router+sort)", "hf_eager": "transformers eager",
@@ -76,14 +76,7 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
         ax.text(1, peak_flops / 1e12 * 1.1, f"{peak_label} ({peak_flops / 1e12:.0f} TFLOP/s)", fontsize=9)
         ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens")
         ax.grid(alpha=0.3, which="both")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("TFLOP/s (expert GEMMs)")
-    for ax in axes.flat[len(shapes):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=3, frameon=False)
-    fig.tight_layout(rect=(0, 0.1 / rows_n, 1, 1))
-    return fig
+    return finish_grid(fig, axes, len(shapes), "TFLOP/s (expert GEMMs)")
 
 
 # The chapter's arc, step by step, and the recorded contestant that stands for each step.
