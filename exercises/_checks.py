@@ -4,6 +4,7 @@ never by the solutions. Random inputs are seeded; shapes include the edge cases 
 that are not multiples of the tiles, ties)."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -18,6 +19,33 @@ def _close(name: str, got, ref, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     assert tuple(got.shape) == tuple(ref.shape), f"{name}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
     assert torch.allclose(got.double(), ref.double(), rtol=rtol, atol=atol), \
         f"{name}: values differ (max abs diff {(got.double() - ref.double()).abs().max().item():.3g})"
+
+
+_HOST_READS = [(torch.Tensor, n) for n in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__",
+                                            "nonzero", "multinomial")] + [(torch, "nonzero"), (torch, "multinomial")]
+
+
+@contextlib.contextmanager
+def _no_host_sync(what: str):
+    """Inside, anything that reads a tensor's value on the host (``.item()``, ``.tolist()``, a Python
+    ``if`` on a tensor, ``nonzero``, ``multinomial``) raises AssertionError, as capture into a CUDA
+    graph refuses it."""
+    def refuse(name):
+        def read(*args, **kwargs):
+            raise AssertionError(f"{what} reads a value on the host ({name}): a CUDA graph cannot hold that")
+        return read
+
+    saved = [(owner, name, owner.__dict__.get(name)) for owner, name in _HOST_READS]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse(name))
+    try:
+        yield
+    finally:
+        for owner, name, old in saved:
+            if old is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
 
 
 def ch00_swiglu(mod) -> None:
@@ -137,6 +165,91 @@ def ch03_experts_touched(mod) -> None:
         f"expert_bytes_read(OLMoE, T=1) = {got}, expected 8 experts' bf16 weights"
 
 
+def _replicas(slots_RS, e: int) -> list[int]:
+    return [r for r, row in enumerate(slots_RS) if e in row]
+
+
+def ch04_send_plan(mod) -> None:
+    g = _gen(6)
+
+    def routing(T, E, K):  # K distinct experts per token
+        return torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else torch.zeros(0, K).long()
+
+    cases = [(((0, 1), (2, 3)), torch.tensor([[0, 2], [1, 0], [3, 2]]), 0),  # the docstring's example
+             (((0, 1, 2), (0, 3)), routing(7, 4, 2), 1),  # expert 0 on both ranks
+             (((0, 1, 4), (2, 3, 4), (4, 5), (4, 6, 7)), routing(9, 8, 3), 2),  # a hot expert everywhere
+             (((2, 0, 1), (1, 3), (3, 0)), routing(6, 4, 2), 2),  # slot order is not rank order
+             (((0, 1, 2, 3), ()), routing(5, 4, 4), 1),  # a rank holding nothing; K = E
+             (((0,), (1,)), torch.tensor([[1]]), 0),  # one token, one expert
+             (((0, 1), (2, 3)), routing(0, 4, 2), 1)]  # no tokens
+    for slots_RS, ids, origin in cases:
+        T, K = ids.shape
+        R = len(slots_RS)
+        ref = [[_replicas(slots_RS, e)[(origin + t) % len(_replicas(slots_RS, e))] for e in ids[t].tolist()]
+               for t in range(T)]
+        what = f"slots_RS={slots_RS}, origin_rank={origin}, T={T}"
+        got = mod.dest_ranks(ids, slots_RS, origin)
+        assert isinstance(got, torch.Tensor) and tuple(got.shape) == (T, K), \
+            f"dest_ranks({what}): expected a [T, K] = [{T}, {K}] tensor, got {got!r}"
+        assert got.tolist() == ref, f"dest_ranks({what}) = {got.tolist()}, expected {ref}"
+        counts = [sum(r in row for row in ref) for r in range(R)]  # each token once per destination
+        got = mod.send_counts(torch.tensor(ref, dtype=torch.int64).view(T, K), R)
+        assert isinstance(got, torch.Tensor) and got.tolist() == counts, \
+            f"send_counts(dest_TK={ref}, R={R}) = {got!r}, expected {counts}"
+
+
+def ch04_home_rows(mod) -> None:
+    g = _gen(7)
+    cases = [[1, 0, 1, 0], [], [0], [2, 2, 2, 2, 2], [3, 2, 1, 0],
+             torch.tensor([0, 2, 3])[torch.randint(0, 3, (23,), generator=g)].tolist()]  # rank 1 gets none
+    for dest in cases:
+        order = [n for r in sorted(set(dest)) for n in range(len(dest)) if dest[n] == r]  # stable: n order
+        home = [0] * len(dest)
+        for j, n in enumerate(order):
+            home[n] = j
+        dest_N = torch.tensor(dest, dtype=torch.int64)
+        got = mod.send_order(dest_N)
+        assert isinstance(got, torch.Tensor) and got.tolist() == order, \
+            f"send_order({dest}) = {got!r}, expected {order} (by destination, n order within one)"
+        got = mod.home_rows(dest_N)
+        assert isinstance(got, torch.Tensor) and got.tolist() == home, f"home_rows({dest}) = {got!r}, expected {home}"
+        x_N = torch.randn(len(dest), generator=g)
+        assert torch.equal(x_N[torch.tensor(order, dtype=torch.long)][got], x_N), \
+            f"home_rows({dest}): the returned rows do not come back in n order"
+
+
+def ch04_capacity(mod) -> None:
+    g = _gen(8)
+    cases = [([[1, 1], [0, 1], [1, 0]], 3), ([[0, 0, 0]], 1), ([[1, 0, 1]] * 4, 4), ([[1]], 1),
+             ((torch.rand(9, 3, generator=g) < 0.5).tolist(), 9), ((torch.rand(12, 4, generator=g) < 0.4).tolist(), 6)]
+    for sends, C in cases:
+        T, R = len(sends), len(sends[0])
+        ref, used = [[-1] * R for _ in range(T)], [0] * R
+        for t in range(T):
+            for d in range(R):
+                if sends[t][d]:
+                    ref[t][d] = d * C + used[d]
+                    used[d] += 1
+        if max(used) > C:
+            continue  # a random case that would overflow; the overflow cases are below
+        sends_TR = torch.tensor(sends, dtype=torch.bool)
+        got = mod.capacity_rows(sends_TR, C)
+        assert isinstance(got, torch.Tensor) and got.tolist() == ref, \
+            f"capacity_rows({sends}, C={C}) = {got!r}, expected {ref}"
+        frac = 1 - sum(used) / (R * C)
+        got = mod.padded_fraction(sends_TR, C)
+        assert abs(float(got) - frac) < 1e-9, f"padded_fraction({sends}, C={C}) = {got}, expected {frac}"
+    empty = torch.zeros(0, 3, dtype=torch.bool)
+    assert mod.capacity_rows(empty, 2).shape == (0, 3), "capacity_rows: no tokens give a [0, R] tensor"
+    assert abs(float(mod.padded_fraction(empty, 2)) - 1) < 1e-9, "padded_fraction: no tokens, all padding"
+    for sends, C in (([[1, 1], [0, 1], [1, 0]], 1), ([[1, 0]] * 5, 4), ([[0, 0]], 0)):
+        try:
+            mod.capacity_rows(torch.tensor(sends, dtype=torch.bool), C)
+        except ValueError:
+            continue
+        raise AssertionError(f"capacity_rows({sends}, C={C}) must raise ValueError: a destination overflows")
+
+
 def ch05_aux_loss(mod) -> None:
     T, E, K = 12, 4, 2
     uniform = torch.zeros(T, E)
@@ -163,3 +276,99 @@ def ch05_bias_update(mod) -> None:
     assert bias.tolist() == [0.5, 0.0, -0.5], "update_bias modified its input"
     new = mod.update_bias(torch.zeros(4), torch.tensor([3, 3, 3, 3]), 0.2)
     _close("update_bias(balanced)", new, torch.zeros(4), rtol=0, atol=0)
+
+
+def ch06_kv_cache(mod) -> None:
+    g = _gen(9)
+    for Bc, B, S, D, pos in ((2, 2, 4, 3, [2, 0]), (8, 5, 6, 4, [5, 0, 3, 3, 1]), (4, 1, 1, 2, [0]), (3, 0, 5, 2, [])):
+        cache = torch.randn(Bc, S, D, generator=g)
+        before, ptr = cache.clone(), cache.data_ptr()
+        new = torch.randn(B, D, generator=g)
+        ref = before.clone()
+        for b in range(B):
+            ref[b, pos[b]] = new[b]
+        pos_B = torch.tensor(pos, dtype=torch.int64)
+        with _no_host_sync("cache_write"):
+            mod.cache_write(cache, new, pos_B)
+        assert cache.data_ptr() == ptr, "cache_write: the cache moved"
+        assert torch.equal(cache, ref), \
+            f"cache_write(B={B} of {Bc} rows, pos={pos}): not new_BD[b] at [b, pos[b]] with the rest untouched"
+        mask = [[s <= pos[b] for s in range(S)] for b in range(B)]
+        with _no_host_sync("decode_mask"):
+            got = mod.decode_mask(pos_B, S)
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.bool and tuple(got.shape) == (B, S), \
+            f"decode_mask(pos={pos}, S={S}): expected a bool [{B}, {S}] tensor, got {got!r}"
+        assert got.tolist() == mask, f"decode_mask(pos={pos}, S={S}) = {got.tolist()}, expected {mask}"
+
+
+def ch06_bucket(mod) -> None:
+    powers = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    for buckets in ((1, 2, 4, 8), powers, (1, 3, 8), (4,), (1,), (2, 3, 64)):
+        worst = 0.0
+        for batch in range(1, buckets[-1] + 1):
+            want = min(b for b in buckets if b >= batch)
+            got = mod.bucket(batch, buckets)
+            assert got == want, f"bucket({batch}, {buckets}) = {got}, expected {want}"
+            worst = max(worst, (want - batch) / want)
+        got = mod.worst_padding(buckets)
+        assert abs(float(got) - worst) < 1e-12, f"worst_padding({buckets}) = {got}, expected {worst}"
+        for batch in (0, -1, buckets[-1] + 1):
+            try:
+                mod.bucket(batch, buckets)
+            except ValueError:
+                continue
+            raise AssertionError(f"bucket({batch}, {buckets}) must raise ValueError")
+    assert mod.bucket(5) == 8 and abs(mod.worst_padding() - 127 / 256) < 1e-12, "the defaults are the powers of two"
+
+
+def _nucleus_ref(row: list[float], temperature: float, top_p: float) -> list[float]:
+    m = max(row)
+    p = [math.exp((v - m) / temperature) for v in row]
+    p = [v / sum(p) for v in p]
+    kept, before = [0.0] * len(p), 0.0
+    for i in sorted(range(len(p)), key=lambda i: (-p[i], i)):  # most likely first, lower id on a tie
+        if before < top_p:
+            kept[i] = p[i]
+        before += p[i]
+    return [v / sum(kept) for v in kept]
+
+
+def ch06_sampling(mod) -> None:
+    def draw(logits, temperature, top_p, seed):
+        with _no_host_sync("sample"):
+            return mod.sample(logits, temperature, top_p, _gen(seed))
+
+    g = _gen(10)
+    hand = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]])
+    cases = [(hand, 1.0, 0.7), (hand, 1.0, 1.0), (hand, 1.0, 0.2),
+             (torch.tensor([[1.0, 2.0, 2.0, 0.0]]), 1.0, 0.3),  # a tie: the lower id stays
+             (torch.tensor([[1.0, 2.0, 2.0, 0.0]]), 1.0, 0.5),
+             (torch.tensor([[3.0]]), 0.7, 0.9),  # one token
+             (torch.randn(6, 11, generator=g) * 2, 0.6, 0.8), (torch.randn(5, 7, generator=g), 2.0, 0.95)]
+    for logits, temp, top_p in cases:
+        ref = torch.tensor([_nucleus_ref(r, temp, top_p) for r in logits.tolist()], dtype=torch.float64)
+        got = mod.nucleus(logits, temp, top_p)
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32, "nucleus: an fp32 tensor"
+        _close(f"nucleus(temperature={temp}, top_p={top_p}) of {logits.tolist()[0][:4]}…", got, ref)
+    ties = torch.tensor([[0.0, 1.0, 1.0], [2.0, 2.0, -1.0], [0.5, 0.0, 0.5]])
+    got = draw(ties, 0.0, 1.0, 0)
+    assert isinstance(got, torch.Tensor) and got.tolist() == [1, 0, 0], \
+        f"sample(temperature=0) = {got!r}, expected the argmax, lower id on a tie: [1, 0, 0]"
+    V, n = 6, 20000
+    logits = torch.randn(V, generator=g).expand(n, V).contiguous()
+    draws = draw(logits, 0.7, 0.9, 11)
+    assert isinstance(draws, torch.Tensor) and tuple(draws.shape) == (n,), "sample: one token per row, [B]"
+    again = draw(logits, 0.7, 0.9, 11)
+    assert torch.equal(draws, again), "sample: two generators seeded alike gave different tokens"
+    assert not torch.equal(draws, draw(logits, 0.7, 0.9, 12)), "sample: another seed, the same tokens"
+    ref = _nucleus_ref(logits[0].tolist(), 0.7, 0.9)
+    freq = [(draws == i).sum().item() / n for i in range(V)]
+    for i in range(V):
+        assert ref[i] > 0 or freq[i] == 0, f"sample drew token {i}, outside the top-p set"
+        assert abs(freq[i] - ref[i]) < 0.02, \
+            f"sample: token {i} drawn {freq[i]:.3f} of the time, its top-p probability is {ref[i]:.3f}"
+    rows = torch.randn(4, 9, generator=g)
+    top = [max(range(9), key=lambda v: r[v]) for r in rows.tolist()] * 50
+    got = draw(rows.repeat(50, 1), 1.0, 1e-6, 13)
+    assert got.tolist() == top, "sample: with a tiny top_p only the most likely token can be drawn"
+    assert tuple(draw(torch.zeros(0, 5), 1.0, 1.0, 14).shape) == (0,), "sample: no rows, no tokens"
