@@ -1,0 +1,29 @@
+"""Chapter 6's quoted numbers come from the recordings: hand-computed on a synthetic pair."""
+from dispatch_book.bench.e2e_summary import step_numbers
+
+KINDS = ("experts", "router", "attention", "projections (GEMV/GEMM)", "norms, rope, elementwise",
+         "sampling", "launch gaps", "step", "kernels per step")
+
+
+def _row(batch, what, **v):
+    return {"batch": batch, "what": what, **{k: v.get(k, 0.0) for k in KINDS}}
+
+
+def test_step_numbers_by_hand():
+    doc = {"read_gbps": 4000.0, "rows": [
+        {"contestant": "ours", "batch": 1, "bytes_per_step": 2.0e9, "pct_roofline": 40.4},
+        {"contestant": "ours", "batch": 64, "bytes_per_step": 15.2e9, "pct_roofline": 69.6},
+        {"contestant": "hf_graph", "batch": 1, "bytes_per_step": 1.0, "pct_roofline": 1.0}]}
+    pdoc = {"rows": [_row(1, "ours, eager step", step=9000.0, **{"launch gaps": 7600.0}),
+                     _row(1, "ours, CUDA graph", experts=560.0, attention=160.0, **{"kernels per step": 231}),
+                     _row(1, "ours, CUDA graph, glue as torch ops", **{"norms, rope, elementwise": 1500.0}),
+                     _row(64, "ours, CUDA graph", experts=5700.0, step=7400.0)]}
+    n = step_numbers(doc, pdoc)
+    assert n["b1_gb"] == "2.0 GB" and n["b1_read_ms"] == "0.50 ms"  # 2 GB / 4 TB/s
+    assert n["eager_ms"] == "9.00 ms" and n["work_ms"] == "1.40 ms"
+    assert n["experts_ms"] == "0.56 ms" and n["layer_us"] == "35 µs"  # 560 µs over 16 layers
+    # OLMoE-1B-7B: 8 experts x 3 x 2048 x 1024 bf16 = 100.7 MB; at 4 TB/s 25 µs
+    assert n["expert_mb"] == "101 MB" and n["floor_us"] == "25 µs"
+    assert n["b64_touched"] == "64.0" and n["E"] == "64"  # 64 * (1 - (56/64)^64) = 63.99
+    assert (n["b1_pct"], n["b64_pct"], n["b64_gb"]) == ("40%", "70%", "15 GB")
+    assert n["kernels"] == "231" and n["unfused_glue_ms"] == "1.50 ms"
