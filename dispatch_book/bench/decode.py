@@ -1,11 +1,14 @@
-"""Benchmark of the decode path (1–64 tokens): our grouped GEMV against transformers, same inputs.
+"""Benchmark of the decode path (1–256 tokens): our grouped GEMV against transformers and against
+our own grouped GEMM (where the two paths cross over), same inputs.
 
     python -m dispatch_book.bench.decode [--shapes a,b] [--tokens 1,8,64] [--quick]
 
 For each shape and token count one routing (softmax top-K of random logits) is given to every
 contestant: ``ours`` (``moe_decode``, as a user calls it: host overhead included), ``ours_graph``
 (the same three launches replayed from a CUDA graph), ``ours_wide`` (the same kernels with wide
-tiles: too few programs to fill the GPU), transformers' ``batched_mm`` and ``grouped_mm``
+tiles: too few programs to fill the GPU), ``grouped_graph`` (chapter 2's grouped GEMM, the tile
+policy's tiles, replayed from a CUDA graph; ``decode_wins`` says which path is faster under graphs:
+the decode/grouped crossover, measured), transformers' ``batched_mm`` and ``grouped_mm``
 (``OlmoeExperts`` holding our tensors), and ``loop`` (the per-expert PyTorch loop of
 ``dispatch.reference``). The floor is the bytes of the distinct chosen experts over the GPU's HBM
 read bandwidth (``dispatch_book.bench.ceilings()``: measured, else the datasheet).
@@ -23,6 +26,7 @@ import torch
 from dispatch import runtime
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels.gemv import moe_decode
+from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.tiles import DecodeConfig, decode_config
 from dispatch.reference import experts_reference, route_reference
 from dispatch_book import bench
@@ -30,7 +34,7 @@ from dispatch_book.bench import hf_baselines as hf
 from dispatch_book.bench.harness import capture_graph
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "qwen3-30b-a3b")
-TOKENS = (1, 2, 4, 8, 16, 32, 64)
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOLERANCE = 2e-2  # ‖ours − ref‖ / ‖ref‖ in bf16 (the reference rounds after every op, we accumulate in fp32)
 WIDE = DecodeConfig(block_i=128, block_h=64, block_ho=128, block_id=64)
 
@@ -75,6 +79,7 @@ def _measure_one(name: str, T: int, dev, dtype, hbm_bps: float, log) -> dict:
            "config": dataclasses.asdict(dcfg), "contestants": {}}
     fns = {"ours": lambda: moe_decode(x, w, ids, gu, dn, config=dcfg),
            "ours_graph": capture_graph(lambda: moe_decode(x, w, ids, gu, dn, config=dcfg)).replay}
+    fns["grouped_graph"] = capture_graph(lambda: moe_experts(x, w, ids, gu, dn)).replay
     if T in (1, 8, 64):
         fns["ours_wide"] = lambda: moe_decode(x, w, ids, gu, dn, config=WIDE)
     for impl in ("batched_mm", "grouped_mm"):
@@ -100,6 +105,8 @@ def _measure_one(name: str, T: int, dev, dtype, hbm_bps: float, log) -> dict:
     hf_ms = [c[k]["median_ms"] for k in ("batched_mm", "grouped_mm") if "median_ms" in c.get(k, {})]
     if hf_ms:
         row["speedup_vs_best_hf"] = min(hf_ms) / c["ours"]["median_ms"]
+    if "median_ms" in c.get("grouped_graph", {}):
+        row["decode_wins"] = c["ours_graph"]["median_ms"] <= c["grouped_graph"]["median_ms"]
     if "median_ms" in c.get("batched_mm", {}):
         row["speedup_vs_batched_mm"] = c["batched_mm"]["median_ms"] / c["ours"]["median_ms"]
     log(f"{name:14s} T={T:3d} uniq={uniq:3d} floor {row['floor_ms'] * 1e3:7.1f}us | " + " ".join(
