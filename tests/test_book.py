@@ -195,3 +195,16 @@ def test_build_finds_the_checkout_from_the_current_directory(tmp_path, monkeypat
     assert book.find_root() == ROOT
     with pytest.raises(SystemExit, match="no checkout"):
         book.find_root(tmp_path)
+
+
+def test_code_cells_fit_the_page():
+    """Code lines within the 88-character column and cells of at most 25 lines (longer logic lives in
+    the package): what the built page shows without a scroll bar."""
+    long = []
+    for nb in NOTEBOOKS:
+        for i, c in enumerate(json.loads(nb.read_text())["cells"]):
+            lines = "".join(c["source"]).splitlines()
+            if c["cell_type"] == "code":
+                long += [f"{nb.name} cell {i}: {len(lines)} lines"] if len(lines) > 25 else []
+                long += [f"{nb.name} cell {i}: {len(ln)} chars: {ln[:40]}" for ln in lines if len(ln) > 88]
+    assert long == []
