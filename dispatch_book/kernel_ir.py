@@ -1,0 +1,101 @@
+"""What the compiler made of a kernel, without a GPU: compile for a GPU target offline and count
+what matters in its TTGIR (Triton's GPU-level IR).
+
+    TRITON_INTERPRET=0 python -m dispatch_book.kernel_ir [--target 90] [--warps 8] [--stages 3] [--json]
+
+Triton compiles for any target on a machine without one (its own ``ptxas`` included), so the
+structure of a kernel can be checked on a CPU: is the K loop software-pipelined (asynchronous
+copies into shared memory, several stages), does the next tensor-core MMA start before the last
+one finished (Hopper's ``warp_group_dot_wait`` with ``pendings`` > 0), how much shared memory a
+program holds, whether registers spill. Arguments are specialised as Triton does at launch: a unit
+stride becomes the constant 1, pointers and other sizes are taken as multiples of 16. The kernels
+must have been defined compiled, not interpreted: set ``TRITON_INTERPRET=0`` before ``dispatch``
+is imported (on a machine without CUDA it would otherwise turn the interpreter on).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+UNIT_STRIDES = {"s_xh", "s_wk", "s_hi", "s_oh", "s_sc"}  # contiguous last dims of x, w, h, out, scales
+
+
+def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, num_warps: int = 8,
+                    num_stages: int = 3) -> dict:
+    """Compile ``fn`` for sm_<target> and summarise its TTGIR (counts, shared bytes, spills)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] != "constexpr"}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", target, 32 * (4 if target >= 90 else 1)),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    ttgir, ptx = c.asm["ttgir"], c.asm["ptx"]
+    return {"async_copies": ttgir.count("async_copy_global_to_local") + ttgir.count("async_tma_copy"),
+            "mma": len(re.findall(r"warp_group_dot |tt\.dot |ttng\.tc_gen5_mma", ttgir)),
+            "mma_waits_pending": [int(p) for p in re.findall(r"pendings = (\d+)", ttgir)],
+            "shared_bytes": int(c.metadata.shared),
+            "spills": bool(re.search(r"\.local\s", ptx))}
+
+
+def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale: bool = False,
+            block_m: int = 128, block_n: int = 128, block_k: int = 64, group_m: int = 8, **opts) -> dict:
+    """The grouped GEMM's up (``kind="up"``) or down kernel as the launcher compiles it, with bf16
+    activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales)."""
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    from dispatch.kernels import grouped_kernels as gk
+
+    fn = gk._up_swiglu_kernel if kind == "up" else gk._down_kernel
+    if not hasattr(fn, "cache_key"):
+        raise RuntimeError("the kernels were defined for Triton's interpreter: run with TRITON_INTERPRET=0 "
+                           "set before dispatch is imported")
+    quant = weights != "bf16"
+    const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m,
+                 SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
+                 PRE_ROUND=False)
+    wtype = {"bf16": "*bf16", "int8": "*i8", "fp8": "*fp8e4nv"}[weights]
+    sig = {}
+    for n in fn.arg_names:
+        if n in const or n in UNIT_STRIDES:
+            sig[n] = "constexpr"
+            const.setdefault(n, 1)
+        elif n.endswith("_ptr"):
+            sig[n] = wtype if n == "w_ptr" else "*i32" if n in ("rows_ptr", "bexp_ptr") else \
+                "*fp32" if n in ("s_ptr", "wts_ptr") else "*bf16"
+        else:
+            sig[n] = "i32"
+    return compile_offline(fn, sig, {k: v for k, v in const.items() if k in sig}, **opts)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.kernel_ir", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", type=int, default=90, help="compute capability as an int (90: H100/H200)")
+    ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="one JSON list of the summaries instead of a table")
+    a = ap.parse_args(argv)
+    opts, rows = dict(target=a.target, num_warps=a.warps, num_stages=a.stages), []
+    for kind in ("up", "down"):
+        for weights, w8a8, late in (("bf16", False, False), ("int8", False, True), ("int8", False, False),
+                                    ("fp8", False, False), ("fp8", True, False)):
+            if weights == "fp8" and a.target < 89:
+                continue  # no fp8 below sm_89
+            s = grouped(kind, weights, w8a8=w8a8, late_scale=late, block_k=128 if w8a8 else 64, **opts)
+            what = weights + (" w8a8" if w8a8 else " late scale" if late else "")
+            rows.append({"kernel": kind, "weights": what, **s})
+            if a.json:
+                continue
+            print(f"{kind:4s} {what:16s} async copies {s['async_copies']:2d}  mma {s['mma']}  "
+                  f"wait pendings {s['mma_waits_pending']}  shared {s['shared_bytes'] // 1024} KiB  "
+                  f"spills {'yes' if s['spills'] else 'no'}")
+    if a.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
