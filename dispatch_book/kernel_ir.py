@@ -86,7 +86,8 @@ def main(argv=None) -> None:
             if weights == "fp8" and a.target < 89:
                 continue  # no fp8 below sm_89
             s = grouped(kind, weights, w8a8=w8a8, late_scale=late, block_k=128 if w8a8 else 64, **opts)
-            what = weights + (" w8a8" if w8a8 else " late scale" if late else "")
+            what = ("fp8 × fp8 (w8a8)" if w8a8 else weights if weights == "bf16" else
+                    f"{weights}, scale per {'row' if late else '128'}")
             rows.append({"kernel": kind, "weights": what, **s})
             if a.json:
                 continue
