@@ -1,6 +1,7 @@
 """The balancing study: runs every setting once per seed, records the seed, and sums up over seeds."""
 import dataclasses
 import math
+import pathlib
 import statistics
 
 import pytest
@@ -80,3 +81,67 @@ def test_committed_study_has_every_setting_for_the_same_three_or_more_seeds():
     assert all(r["seed"] == r["config"]["seed"] for r in rows)
     assert len(rows) == len(balance_study.STUDY) * len(seeds["none"])
     assert not doc["git_commit"].endswith("+dirty")
+
+
+def test_spread_and_paired_differences_by_hand():
+    cfg = train.PRESETS["micro"]
+    rows = [{"label": lb, "seed": s, **fake_log(cfg, p, 1.0)}
+            for lb, s, p in (("a", 0, 100.0), ("a", 1, 104.0), ("a", 2, 101.0),
+                             ("b", 0, 102.0), ("b", 1, 103.0), ("b", 2, 105.0), ("c", 5, 1.0))]
+    s = balance_study.summarize(rows)
+    assert balance_study.spread(s["a"]["val_ppl"], ".1f") == "101.7 (100.0–104.0)"
+    d = balance_study.paired(s, "a", "b", "val_ppl")
+    assert d["diffs"] == [-2.0, 1.0, -4.0] and d["mean"] == pytest.approx(-5 / 3)
+    assert (d["min"], d["max"]) == (-4.0, 1.0) and not d["same_sign"]
+    assert d["noise"] == 4.0  # a spans 100-104, b 102-105
+    assert balance_study.paired(s, "b", "a", "val_imbalance")["same_sign"] is False  # all 0
+    one_way = balance_study.paired(s, "b", "a", "val_ppl")
+    assert one_way["diffs"] == [2.0, -1.0, 4.0]
+    with pytest.raises(ValueError, match="share no seed"):
+        balance_study.paired(s, "a", "c", "val_ppl")
+
+
+def _curve_rows():
+    cfg = train.PRESETS["micro"]
+    rows = []
+    for label, base in (("none", 3.0), ("bias (loss-free)", 1.2)):
+        for seed in (0, 1):
+            log = fake_log(cfg, 150.0 + 10 * seed, base + seed / 10)
+            log["curves"] = {"step": [10, 20], "imbalance": [base + 1, base + seed / 10],
+                             "eval_step": [10, 20], "eval_ppl": [700.0, 150.0 + 10 * seed]}
+            rows.append({"label": label, "seed": seed, **log})
+    return rows
+
+
+def test_training_curves_draw_each_seed_and_the_mean():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from dispatch_book.figures import balance as plots
+
+    fig = plots.training_curves(_curve_rows())
+    imb, ppl = fig.axes
+    means = [ln for ln in imb.lines if ln.get_linewidth() == 2]
+    assert [ln.get_label() for ln in means] == ["none (2 seeds)", "bias (loss-free) (2 seeds)"]
+    assert list(means[1].get_ydata()) == pytest.approx([2.2, 1.25])  # mean of the two seeds
+    assert len(ppl.lines) == 2 * 3 and len(imb.lines) == 2 * 3 + 1  # + the balance line at 1
+    assert ppl.get_yticks().tolist() == [150, 200, 300, 500, 700]  # labelled ticks on a log axis
+    fig2 = plots.study_spread(_curve_rows())
+    from matplotlib.collections import PathCollection
+
+    dots = [c.get_offsets()[:, 1].tolist() for c in fig2.axes[1].collections if isinstance(c, PathCollection)]
+    assert dots == [[150.0, 160.0], [150.0, 160.0]]  # one dot per seed, for each setting
+
+
+def test_chapter_5_glues_every_number_its_text_names():
+    """Every ``{glue:text}`` role of chapter 5's text has a value glued by one of its cells."""
+    import json
+    import re
+
+    nb = json.loads((pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "05_load_balance.ipynb")
+                    .read_text())
+    glued = {o["metadata"]["scrapbook"]["name"] for c in nb["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if "scrapbook" in o.get("metadata", {})}
+    named = {m for c in nb["cells"] if c["cell_type"] == "markdown"
+             for m in re.findall(r"\{glue:text\}`([^`:]+)", "".join(c["source"]))}
+    assert named and named <= glued, sorted(named - glued)

@@ -87,6 +87,28 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+def spread(stat: dict, fmt: str = ".2f") -> str:
+    """``"mean (min–max)"`` of one ``summarize`` statistic."""
+    return f"{stat['mean']:{fmt}} ({stat['min']:{fmt}}–{stat['max']:{fmt}})"
+
+
+def paired(summary: dict, a: str, b: str, metric: str) -> dict:
+    """Setting ``a`` minus setting ``b`` on ``metric``, seed by seed (the seeds both ran).
+
+    Returns ``{"diffs", "mean", "min", "max", "same_sign", "noise"}``: ``same_sign`` when every
+    seed's difference has the sign of the mean (and none is 0); ``noise`` is the largest spread
+    (max − min over seeds) of either setting on its own, the seed-to-seed noise to compare with."""
+    sa, sb = summary[a][metric], summary[b][metric]
+    seeds = [s for s in sa["by_seed"] if s in sb["by_seed"]]
+    if not seeds:
+        raise ValueError(f"{a!r} and {b!r} share no seed")
+    d = [sa["by_seed"][s] - sb["by_seed"][s] for s in seeds]
+    mean = statistics.fmean(d)
+    return {"diffs": d, "mean": mean, "min": min(d), "max": max(d),
+            "same_sign": all(x * mean > 0 for x in d),
+            "noise": max(sa["max"] - sa["min"], sb["max"] - sb["min"])}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench balance_study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
