@@ -6,6 +6,9 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+# The balancing study's settings, in order: colours that differ (not dash styles).
+STUDY_COLORS = ("#7f7f7f", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e")
+
 
 def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer", max_layers: int = 8):
     """One bar chart per layer: tokens of each expert / mean (1.0 = perfectly balanced).
@@ -88,15 +91,22 @@ def describe_checkpoint(ck, model: str, dataset: str) -> list[str]:
     return out
 
 
-def training_curves(runs: dict[str, dict]):
-    """Load imbalance (busiest / mean, mean over layers) and validation perplexity over training.
+def training_curves(rows: list[dict]):
+    """Load imbalance (busiest / mean, mean over layers) and validation perplexity over training:
+    one faint line per seed, the mean over seeds drawn bold, one colour per setting.
 
-    ``runs``: label → ``curves`` dict of a training log (``step``, ``imbalance``,
-    ``eval_step``, ``eval_ppl``)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.6))
-    for label, c in runs.items():
-        a.plot(c["step"], c["imbalance"], label=label)
-        b.plot(c["eval_step"], c["eval_ppl"], marker=".", label=label)
+    ``rows``: the balancing study's rows (``label``, ``seed``, ``curves`` with ``step``,
+    ``imbalance``, ``eval_step``, ``eval_ppl``)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.8))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    for i, label in enumerate(labels):
+        col = STUDY_COLORS[i % len(STUDY_COLORS)]
+        runs = [r["curves"] for r in rows if r["label"] == label]
+        for ax, x, y in ((a, "step", "imbalance"), (b, "eval_step", "eval_ppl")):
+            for c in runs:
+                ax.plot(c[x], c[y], color=col, lw=0.8, alpha=0.35)
+            mean = [sum(v) / len(v) for v in zip(*(c[y] for c in runs), strict=True)]
+            ax.plot(runs[0][x], mean, color=col, lw=2, label=f"{label} ({len(runs)} seeds)")
     a.axhline(1.0, color="k", lw=0.8, ls="--")
     a.set_xlabel("step")
     a.set_ylabel("busiest expert / mean")
@@ -104,10 +114,43 @@ def training_curves(runs: dict[str, dict]):
     b.set_xlabel("step")
     b.set_ylabel("validation perplexity")
     b.set_yscale("log")
+    ppl = [v for r in rows for v in r["curves"]["eval_ppl"]]
+    b.set_yticks([t for t in (100, 150, 200, 300, 500, 700, 1000, 2000) if min(ppl) <= t <= max(ppl)]
+                 or [min(ppl), max(ppl)])  # labelled ticks inside the range a log axis may skip
     b.yaxis.set_major_formatter(ScalarFormatter())
     b.yaxis.set_minor_formatter(NullFormatter())
     b.set_title("Validation perplexity")
-    a.legend()
+    a.legend(fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def study_spread(rows: list[dict]):
+    """The study's final validation imbalance and perplexity: one dot per seed for each setting,
+    the mean as a bar across them, and a faint line joining each seed's runs (the settings of one
+    seed share the initial weights and the batches, so a seed's line is a paired comparison).
+
+    ``rows``: the balancing study's rows (``label``, ``seed``, ``final``)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.6))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
+    for ax, key, name in ((axes[0], "imbalance", "busiest expert / mean"),
+                          (axes[1], "val_ppl", "validation perplexity")):
+        val = {(r["label"], r["seed"]): r["final"][key] for r in rows}
+        for s in seeds:
+            xs = [i for i, lb in enumerate(labels) if (lb, s) in val]
+            ax.plot(xs, [val[labels[i], s] for i in xs], color="k", lw=0.6, alpha=0.25)
+        for i, lb in enumerate(labels):
+            v = [val[lb, s] for s in seeds if (lb, s) in val]
+            col = STUDY_COLORS[i % len(STUDY_COLORS)]
+            ax.scatter([i] * len(v), v, color=col, s=28, zorder=3)
+            ax.hlines(sum(v) / len(v), i - 0.25, i + 0.25, color=col, lw=2.5, zorder=2)
+        ax.set_xticks(range(len(labels)), [lb.replace(" (", "\n(") for lb in labels], fontsize=9)
+        ax.set_ylabel(name)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[0].set_title("Validation imbalance, each seed")
+    axes[1].set_title("Validation perplexity, each seed")
     fig.tight_layout()
     return fig
 
