@@ -27,6 +27,16 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den else num
 
 
+def glue(name: str, value, display: bool = False) -> None:
+    """Carry ``value`` into the page's prose, where the text says ``{glue:text}`name```
+    (myst-nb's glue); a no-op where myst-nb is not installed (a notebook run on Colab)."""
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
+    myst_glue(name, value, display=display)
+
+
 def tolerance(dtype: torch.dtype) -> float:
     """The relative tolerance a kernel's result is held to against an fp32-accumulating reference:
     fp32 1e-5; fp16/bf16 1e-2 (inputs and intermediates are rounded to 8–11 significant bits)."""

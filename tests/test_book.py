@@ -208,3 +208,27 @@ def test_code_cells_fit_the_page():
                 long += [f"{nb.name} cell {i}: {len(lines)} lines"] if len(lines) > 25 else []
                 long += [f"{nb.name} cell {i}: {len(ln)} chars: {ln[:40]}" for ln in lines if len(ln) > 88]
     assert long == []
+
+
+def test_glue_is_a_no_op_without_myst_nb(monkeypatch, capsys):
+    """On Colab (no myst-nb) the chapters' glue calls must not fail: they do nothing."""
+    import sys
+
+    from dispatch_book.checks import glue
+
+    monkeypatch.setitem(sys.modules, "myst_nb", None)  # import myst_nb now raises ImportError
+    assert glue("x", "1.0%") is None
+    assert capsys.readouterr().out == ""
+
+
+def test_every_glue_a_page_names_is_glued_by_its_chapter():
+    """A {glue:text}`name` in a chapter's prose is glued in the chapter's committed outputs (else the
+    page would show a warning instead of the number)."""
+    missing = []
+    for nb in NOTEBOOKS:
+        cells = json.loads(nb.read_text())["cells"]
+        text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        glued = {o.get("metadata", {}).get("scrapbook", {}).get("name")
+                 for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])}
+        missing += [f"{nb.name}: {n}" for n in set(re.findall(r"\{glue:\w*\}`([^`:]+)", text)) - glued]
+    assert missing == []
