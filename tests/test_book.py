@@ -232,3 +232,8 @@ def test_every_glue_a_page_names_is_glued_by_its_chapter():
                  for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])}
         missing += [f"{nb.name}: {n}" for n in set(re.findall(r"\{glue:\w*\}`([^`:]+)", text)) - glued]
     assert missing == []
+
+
+def test_chapter_titles_are_numbered_alike():
+    titles = [json.loads(nb.read_text())["cells"][0]["source"][0] for nb in NOTEBOOKS]
+    assert [t.split(":")[0] for t in titles] == [f"# Chapter {i}" for i in range(len(NOTEBOOKS))], titles
