@@ -17,6 +17,7 @@ def test_step_numbers_by_hand():
     pdoc = {"rows": [_row(1, "ours, eager step", step=9000.0, **{"launch gaps": 7600.0}),
                      _row(1, "ours, CUDA graph", experts=560.0, attention=160.0, **{"kernels per step": 231}),
                      _row(1, "ours, CUDA graph, glue as torch ops", **{"norms, rope, elementwise": 1500.0}),
+                     _row(1, "transformers step (dispatch experts), eager", **{"kernels per step": 1083}),
                      _row(64, "ours, CUDA graph", experts=5700.0, step=7400.0)]}
     n = step_numbers(doc, pdoc)
     assert n["b1_gb"] == "2.0 GB" and n["b1_read_ms"] == "0.50 ms"  # 2 GB / 4 TB/s
@@ -26,4 +27,5 @@ def test_step_numbers_by_hand():
     assert n["expert_mb"] == "101 MB" and n["floor_us"] == "25 µs"
     assert n["b64_touched"] == "64.0" and n["E"] == "64"  # 64 * (1 - (56/64)^64) = 63.99
     assert (n["b1_pct"], n["b64_pct"], n["b64_gb"]) == ("40%", "70%", "15 GB")
+    assert n["hf_kernels"] == "1083"
     assert n["kernels"] == "231" and n["unfused_glue_ms"] == "1.50 ms"

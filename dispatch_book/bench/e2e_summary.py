@@ -25,6 +25,7 @@ def step_numbers(doc: dict, pdoc: dict) -> dict[str, str]:
         "b1_read_ms": ms(ours[1]["bytes_per_step"] / gbps / 1e3),
         "read_tbs": f"{gbps / 1e3:.2f} TB/s",
         "kernels": f"{graph['kernels per step']:.0f}",
+        "hf_kernels": f"{prof[1, 'transformers step (dispatch experts), eager']['kernels per step']:.0f}",
         "eager_ms": ms(eager["step"]),
         "work_ms": ms(eager["step"] - eager["launch gaps"]),
         "unfused_glue_ms": ms(unfused["norms, rope, elementwise"]),
