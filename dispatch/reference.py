@@ -27,6 +27,12 @@ from dispatch.config import MoEConfig, MoEWeights
 from dispatch.kernels.checks import check_experts_inputs
 
 
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Norm-wise relative error ‖y − ref‖ / ‖ref‖ in fp32 (the tuner's, benchmarks' and quantization
+    gates' measure)."""
+    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
 def check_input(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights | None = None) -> None:
     """Raise ValueError unless ``x_TH`` is a floating [T, H] tensor matching ``cfg`` (and ``w``)."""
     if not isinstance(x_TH, torch.Tensor):

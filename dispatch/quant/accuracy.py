@@ -16,12 +16,7 @@ import torch
 
 from dispatch.config import MoEConfig, random_weights
 from dispatch.quant.formats import quantize_experts
-from dispatch.reference import experts_reference, route_reference
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖y − ref‖ / ‖ref‖ in fp32."""
-    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+from dispatch.reference import experts_reference, rel_err, route_reference
 
 
 def layer_error(cfg: MoEConfig, scheme: str, *, experts: int = 4, tokens: int = 64, seed: int = 0,

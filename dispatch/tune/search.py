@@ -13,7 +13,7 @@ from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
-from dispatch.reference import experts_reference, route_reference
+from dispatch.reference import experts_reference, rel_err, route_reference
 
 BENCH_PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 DECODE_MAX_T, GROUPED_MIN_T = 256, 8
@@ -60,10 +60,6 @@ def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0):
     x_TH = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
     weights_TK, ids_TK = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
     return cfg, w, x_TH, weights_TK, ids_TK
-
-
-def rel_err(y, ref) -> float:
-    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
 
 def graph_us(fn, cand=None, reps: int = 7) -> float:

@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from dispatch.reference import rel_err  # noqa: F401  (the benchmarks' correctness gate, re-exported)
+
 
 def _cuda() -> bool:
     return torch.cuda.is_available()
@@ -59,6 +61,3 @@ def time_ms(fn, graph: bool = False, *, warmup: int = 10, rep: int = 50) -> dict
     return {"median_ms": statistics.median(ts), "min_ms": ts[0], "max_ms": ts[-1], "samples": len(ts)}
 
 
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    """Norm-wise relative error ‖y − ref‖ / ‖ref‖ in fp32: the benchmarks' correctness gate."""
-    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
