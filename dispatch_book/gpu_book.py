@@ -93,20 +93,23 @@ def run(chapters: list[pathlib.Path], build: pathlib.Path, *, t4_budget: bool = 
     commit = results.checked_commit(allow_dirty)  # refuse before the run, not after
     budget = "t4" if t4_budget else "full"
     work = build / "gpu" / budget
-    rows = []
+    slug = results.gpu_slug()
+    old_path = pathlib.Path(out if out is not None else results.SCRATCH) / slug / "book_gpu.json"
+    kept = []
+    if old_path.exists():
+        old = json.loads(old_path.read_text())
+        if old.get("git_commit") == commit:
+            done = {(nb.stem, budget) for nb in chapters}
+            kept = [r for r in old["rows"] if (r.get("chapter"), r.get("budget")) not in done]
+    rows, path = [], None
     for nb in chapters:
         row = run_chapter(nb, work, budget)
         rows.append(row)
         mem = "?" if row["peak_gpu_gib"] is None else f"{row['peak_gpu_gib']:.2f} GiB"
         print(f"  [{budget}] {nb.stem}: {'ok' if row['ok'] else 'FAILED'} in {row['seconds']:.0f} s, peak {mem}"
               + (f"\n    {row['error']}" if row["error"] else ""), flush=True)
-    slug = results.gpu_slug()
-    old_path = pathlib.Path(out if out is not None else results.SCRATCH) / slug / "book_gpu.json"
-    if old_path.exists():
-        old = json.loads(old_path.read_text())
-        if old.get("git_commit") == commit:
-            done = {(r["chapter"], r["budget"]) for r in rows}
-            rows = [r for r in old["rows"] if (r.get("chapter"), r.get("budget")) not in done] + rows
-    return results.save("book_gpu", rows, out=out, allow_dirty=allow_dirty,
-                        extra={"t4_budget": {"dtype": "float16", "memory_bytes": T4_MEMORY_BYTES,
-                                             "max_shared_bytes": T4_SHARED_BYTES}})
+        # saved after every chapter: a run cut short by its time limit keeps the chapters it finished
+        path = results.save("book_gpu", kept + rows, out=out, allow_dirty=allow_dirty,
+                            extra={"t4_budget": {"dtype": "float16", "memory_bytes": T4_MEMORY_BYTES,
+                                                 "max_shared_bytes": T4_SHARED_BYTES}})
+    return path
