@@ -5,7 +5,7 @@ of OLMoE) does ~1 FLOP per weight byte: its time is the time to read W once. So 
 ``block_n`` rows of W (outputs) and streams them along K (contiguous: 16-byte vector loads), doing
 the whole K reduction itself — no split-K partial sums, no atomics, so results are deterministic.
 The grid is cdiv(N, block_n) programs; :func:`heuristic_dense` picks ``block_n`` so that there
-are ~3 programs per SM (every SM keeps several row streams in flight).
+are >= 2 programs per SM (every SM keeps several row streams in flight).
 
 Two variants, one kernel (constexpr ``DOT``):
 
@@ -20,7 +20,7 @@ bias added in fp32, rounded once to x's dtype. Plain-PyTorch twin: :func:`linear
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from dispatch.kernels.checks import check_launch
 
 MAX_ROWS = 16  # the tl.dot variant pads the rows to one 16-row tile
 CPU_SMS = 132  # the heuristic on CPU sizes grids as for an H100/H200 (132 SMs)
-PROGRAMS_PER_SM = 3
+PROGRAMS_PER_SM = 2
 HEADROOM = 8 * 1024  # shared memory left to Triton's own scratch
 
 
@@ -66,36 +66,38 @@ class DenseGemvConfig:
         return self.num_stages * (x_rows + self.rows(M)) * self.block_k * itemsize
 
 
-# Candidates for a GPU sweep (M = 1 and M = 8, OLMoE's K = 2048): whole rows in one step, thin
-# and wide W tiles, shallow and deep pipelines. W tiles hold 4K-16K elements.
+# Candidates for a GPU sweep (M = 1 and M = 8, OLMoE's K = 2048), the heuristic's picks among them:
+# whole rows in one step, thin and wide W tiles (4K-8K elements), shallow and deep pipelines.
 DENSE_CONFIGS = (
     DenseGemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1),
-    DenseGemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=2),
-    DenseGemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=2),
+    DenseGemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=3),
     DenseGemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=2),
-    DenseGemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=4),
-    DenseGemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=32, block_k=256, num_warps=8, num_stages=3),
+    DenseGemvConfig(block_n=64, block_k=64, num_warps=4, num_stages=3),
     DenseGemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=64, block_k=256, num_warps=8, num_stages=3),
+    DenseGemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=3),
 )
 
 
-def heuristic_dense(M: int, N: int, K: int, device) -> DenseGemvConfig:
-    """The widest row tile that still gives >= 3 programs per SM, a W tile of 8K elements (64 fp32
-    accumulators a thread at M = 1), and as many stages (<= 3) as fit shared memory. Depends on M only
-    through M == 1, so a row's result is the same at every M in 2..16 (and at every M == 1 call)."""
+def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseGemvConfig:
+    """The widest row tile (<= 64 rows at M = 1, 16..128 for tl.dot) that still gives >= 2 programs
+    per SM; W tiles of 4K elements at M = 1 (32 fp32 accumulators a thread: ~7 programs fit an SM's
+    registers, so all are resident at once) and 8K for tl.dot; up to 3 stages, as many as fit shared
+    memory (``itemsize``: bytes of x's dtype). Depends on M only through M == 1, so a row's result
+    is the same at every M in 2..16."""
     dev = torch.device(device)
     sms = runtime.num_sms(dev) if dev.type == "cuda" else CPU_SMS
     lo, n = (4, 64) if M <= 1 else (16, 128)
     while n > lo and triton.cdiv(N, n) < PROGRAMS_PER_SM * sms:
         n //= 2
-    k = max(16, min(8192 // n, triton.next_power_of_2(max(K, 1))))
+    k = max(16, min((4096 if M <= 1 else 8192) // n, triton.next_power_of_2(max(K, 1))))
     stages = 1 if K <= k else 3
     limit = runtime.max_shared_bytes(dev) - HEADROOM if dev.type == "cuda" else 1 << 30
     cfg = DenseGemvConfig(block_n=n, block_k=k, num_warps=4, num_stages=stages)
-    while cfg.num_stages > 1 and cfg.shared_bytes(M, 2) > limit:
-        cfg = DenseGemvConfig(block_n=n, block_k=k, num_warps=4, num_stages=cfg.num_stages - 1)
+    while cfg.num_stages > 1 and cfg.shared_bytes(M, itemsize) > limit:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
 
@@ -179,7 +181,7 @@ def linear_small(x_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | 
     y_MN = torch.empty(M, N, dtype=x_MK.dtype, device=x_MK.device)
     if M == 0 or N == 0:
         return y_MN
-    cfg = config or heuristic_dense(M, N, K, x_MK.device)
+    cfg = config or heuristic_dense(M, N, K, x_MK.device, x_MK.element_size())
     dot = M > 1
     block_n = cfg.rows(M)
     b = bias_N if bias_N is not None else y_MN  # never read without a bias
