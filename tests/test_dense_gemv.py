@@ -52,7 +52,7 @@ def test_matches_twin_and_f_linear(M, dtype, bias):
     g = torch.Generator().manual_seed(seed)
     N, K = (int(v) for v in torch.randint(40, 301, (2,), generator=g))
     check(*make(M, 64, 96, dtype=dtype, bias=bias, seed=seed), config=PINNED[0])  # multiples of the tiles
-    check(*make(M, 45, 77, dtype=dtype, bias=bias, seed=seed), config=PINNED[1])  # neither
+    check(*make(M, 45, 65, dtype=dtype, bias=bias, seed=seed), config=PINNED[1])  # neither: a last K tile of 1
     check(*make(M, N, K, dtype=dtype, bias=bias, seed=seed))  # random, the heuristic's config
 
 
