@@ -1,0 +1,198 @@
+"""A dense GEMV for decode's projections: y_MN = x_MK @ w_NK.T (+ bias_N) for 1..16 rows.
+
+At decode sizes a projection (the fused QKV [6144, 2048], O [2048, 2048] and lm_head [50304, 2048]
+of OLMoE) does ~1 FLOP per weight byte: its time is the time to read W once. So each program owns
+``block_n`` rows of W (outputs) and streams them along K (contiguous: 16-byte vector loads), doing
+the whole K reduction itself — no split-K partial sums, no atomics, so results are deterministic.
+The grid is cdiv(N, block_n) programs; :func:`heuristic_dense` picks ``block_n`` so that there
+are >= 2 programs per SM (every SM keeps several row streams in flight).
+
+Two variants, one kernel (constexpr ``DOT``):
+
+    M == 1     acc[BLOCK_N, BLOCK_K] += w · x  (fp32, elementwise), summed over K once at the end:
+               no padded rows, no tensor cores — pure streaming
+    M = 2..16  acc[16, BLOCK_N] = tl.dot(x padded to 16 rows, w.T): rows masked; ``block_n`` is
+               raised to 16 (tl.dot's smallest tile)
+
+Worked example: x = [[1, 2]], w = [[1, 0], [0, 1], [1, 1]], bias = [0.5, 0, -1] → y = [[1.5, 2, 2]].
+Shape legend: M rows (tokens) · N outputs · K inputs (H for the projections). fp32 accumulation,
+bias added in fp32, rounded once to x's dtype. Plain-PyTorch twin: :func:`linear_small_torch`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from dispatch import runtime
+from dispatch.kernels.checks import check_launch
+
+MAX_ROWS = 16  # the tl.dot variant pads the rows to one 16-row tile
+CPU_SMS = 132  # the heuristic on CPU sizes grids as for an H100/H200 (132 SMs)
+PROGRAMS_PER_SM = 2
+HEADROOM = 8 * 1024  # shared memory left to Triton's own scratch
+
+
+@dataclass(frozen=True)
+class DenseGemvConfig:
+    """Launch config of :func:`linear_small`: ``block_n`` rows of W per program, K step ``block_k``
+    (powers of two; the tl.dot variant uses max(block_n, 16) rows), warps and pipeline stages."""
+
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name, low in (("block_n", 1), ("block_k", 16)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < low or v & (v - 1):
+                raise ValueError(f"DenseGemvConfig.{name} must be a power of two >= {low}, got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"DenseGemvConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"DenseGemvConfig.num_stages must be an int in [1, 8], got {self.num_stages!r}")
+
+    def rows(self, M: int) -> int:
+        """Rows of W one program owns at M input rows (tl.dot needs 16)."""
+        return self.block_n if M <= 1 else max(self.block_n, 16)
+
+    def shared_bytes(self, M: int, itemsize: int) -> int:
+        """Shared memory of the pipelined loop: stages × (x tile + W tile)."""
+        x_rows = 1 if M <= 1 else MAX_ROWS
+        return self.num_stages * (x_rows + self.rows(M)) * self.block_k * itemsize
+
+
+# Candidates for a GPU sweep (M = 1 and M = 8, OLMoE's K = 2048), the heuristic's picks among them:
+# whole rows in one step, thin and wide W tiles (4K-8K elements), shallow and deep pipelines.
+DENSE_CONFIGS = (
+    DenseGemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1),
+    DenseGemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=32, block_k=256, num_warps=8, num_stages=3),
+    DenseGemvConfig(block_n=64, block_k=64, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3),
+    DenseGemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=3),
+)
+
+
+def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseGemvConfig:
+    """The widest row tile (<= 64 rows at M = 1, 16..128 for tl.dot) that still gives >= 2 programs
+    per SM; W tiles of 4K elements at M = 1 (32 fp32 accumulators a thread: ~7 programs fit an SM's
+    registers, so all are resident at once) and 8K for tl.dot; up to 3 stages, as many as fit shared
+    memory (``itemsize``: bytes of x's dtype). Depends on M only through M == 1, so a row's result
+    is the same at every M in 2..16."""
+    dev = torch.device(device)
+    sms = runtime.num_sms(dev) if dev.type == "cuda" else CPU_SMS
+    lo, n = (4, 64) if M <= 1 else (16, 128)
+    while n > lo and triton.cdiv(N, n) < PROGRAMS_PER_SM * sms:
+        n //= 2
+    k = max(16, min((4096 if M <= 1 else 8192) // n, triton.next_power_of_2(max(K, 1))))
+    stages = 1 if K <= k else 3
+    limit = runtime.max_shared_bytes(dev) - HEADROOM if dev.type == "cuda" else 1 << 30
+    cfg = DenseGemvConfig(block_n=n, block_k=k, num_warps=4, num_stages=stages)
+    while cfg.num_stages > 1 and cfg.shared_bytes(M, itemsize) > limit:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
+
+
+@triton.jit
+def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_b, s_ym,
+                       HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program p: y[:, p·BLOCK_N : (p+1)·BLOCK_N], reducing over all of K."""
+    BLOCK_M: tl.constexpr = 16 if DOT else 1
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    w_row = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn  # [BLOCK_N, 1]; K contiguous
+    x_row = x_ptr + offs_m[:, None] * s_xm  # [BLOCK_M, 1]
+    if DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        offs_k = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+        mask_k = offs_k < K
+        w_NK = tl.load(w_row + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        x_MK = tl.load(x_row + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        if DOT:
+            acc = tl.dot(x_MK, tl.trans(w_NK), acc, input_precision=PRECISION)
+        else:  # x_MK is [1, BLOCK_K]: broadcast over the rows of W
+            acc += w_NK.to(tl.float32) * x_MK.to(tl.float32)
+    if DOT:
+        y_MN = acc
+    else:
+        y_MN = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
+    if HAS_BIAS:
+        y_MN += tl.load(b_ptr + offs_n * s_b, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * s_ym + offs_n[None, :]
+    tl.store(y_ptrs, y_MN.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _check(x_MK, w_NK, bias_N, config) -> tuple[int, int, int]:
+    """(M, N, K) of valid inputs; a ValueError naming what was expected otherwise."""
+    if not isinstance(x_MK, torch.Tensor) or not isinstance(w_NK, torch.Tensor):
+        raise ValueError("x and w must be torch.Tensors")
+    if x_MK.dim() != 2 or w_NK.dim() != 2:
+        raise ValueError(f"x must be [M, K] and w [N, K] (2-D), got {tuple(x_MK.shape)} and {tuple(w_NK.shape)}")
+    (M, K), (N, Kw) = x_MK.shape, w_NK.shape
+    if K != Kw:
+        raise ValueError(f"x [M, K] and w [N, K] must share K, got x {tuple(x_MK.shape)} and w {tuple(w_NK.shape)}")
+    if x_MK.dtype not in (torch.float32, torch.float16, torch.bfloat16) or w_NK.dtype != x_MK.dtype:
+        raise ValueError(f"x and w must share one float dtype (float32, float16, bfloat16), got {x_MK.dtype} "
+                         f"and {w_NK.dtype}")
+    if w_NK.device != x_MK.device:
+        raise ValueError(f"x and w must be on the same device, got {x_MK.device} and {w_NK.device}")
+    if M > MAX_ROWS:
+        raise ValueError(f"linear_small takes 1..{MAX_ROWS} rows, got M={M}: use F.linear for more")
+    if K > 1 and (x_MK.stride(1) != 1 or w_NK.stride(1) != 1):
+        raise ValueError(f"x and w must have a contiguous last dim (stride 1), got strides {x_MK.stride()} "
+                         f"and {w_NK.stride()}")
+    if bias_N is not None and (not isinstance(bias_N, torch.Tensor) or bias_N.shape != (N,)
+                               or bias_N.dtype != x_MK.dtype or bias_N.device != x_MK.device):
+        got = (tuple(bias_N.shape), bias_N.dtype, bias_N.device) if isinstance(bias_N, torch.Tensor) else bias_N
+        raise ValueError(f"bias must be a [N] = [{N}] tensor of x's dtype and device ({x_MK.dtype}, "
+                         f"{x_MK.device}), got {got}")
+    if config is not None and not isinstance(config, DenseGemvConfig):
+        raise ValueError(f"config must be a DenseGemvConfig, got {type(config).__name__}")
+    check_launch("linear_small", x_MK)
+    return M, N, K
+
+
+def linear_small(x_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None = None, *,
+                 config: DenseGemvConfig | None = None) -> torch.Tensor:
+    """y_MN = x_MK @ w_NK.T (+ bias_N) for M <= 16 rows, streaming W once (what F.linear computes).
+
+    One launch, no host sync (CUDA-graph capturable), deterministic.
+
+    Args:
+        x_MK: [M, K], 0 <= M <= 16, float32/float16/bfloat16 (bf16 on CUDA only), last dim contiguous.
+        w_NK: [N, K], x's dtype and device, last dim contiguous. bias_N: [N] or None, x's dtype.
+        config: launch config (default :func:`heuristic_dense`).
+    Returns: y_MN [M, N] in x's dtype (fp32 accumulation, bias added in fp32, one rounding).
+    """
+    M, N, K = _check(x_MK, w_NK, bias_N, config)
+    y_MN = torch.empty(M, N, dtype=x_MK.dtype, device=x_MK.device)
+    if M == 0 or N == 0:
+        return y_MN
+    cfg = config or heuristic_dense(M, N, K, x_MK.device, x_MK.element_size())
+    dot = M > 1
+    block_n = cfg.rows(M)
+    b = bias_N if bias_N is not None else y_MN  # never read without a bias
+    _dense_gemv_kernel[(triton.cdiv(N, block_n),)](
+        x_MK, w_NK, b, y_MN, M, N, K, x_MK.stride(0), w_NK.stride(0), b.stride(0), y_MN.stride(0),
+        HAS_BIAS=bias_N is not None, DOT=dot, PRECISION="ieee" if x_MK.dtype == torch.float32 else "tf32",
+        BLOCK_N=block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    return y_MN
+
+
+def linear_small_torch(x_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-PyTorch twin of :func:`linear_small`: F.linear in fp32 (bias included), cast once."""
+    bias = bias_N.float() if bias_N is not None else None
+    return F.linear(x_MK.float(), w_NK.float(), bias).to(x_MK.dtype)
