@@ -39,6 +39,7 @@ SUITES = {
     "balance_study": "dispatch_book.bench.balance_study",
     "e2e": "dispatch_book.bench.e2e",
     "quant": "dispatch_book.bench.quant",
+    "step_kernels": "dispatch_book.bench.step_kernels",
 }
 
 

@@ -6,7 +6,8 @@ For each shape and token count the routing is computed once and given to every c
 timed call is the experts part (plus the shared expert in torch, for every contestant alike, where
 the layer has one). ``ours_grouped`` / ``ours_decode`` are our two paths (tiles from
 ``dispatch.kernels.tiles``); the row of the one ``moe`` picks (decode for T ≤ the tuned crossover) has
-``chosen``; ``peer_fused_moe`` a vLLM-design fused-MoE kernel (``peers``), best of its configs per
+``chosen``; ``ours_persistent`` the grouped path under the persistent schedule (from 256 tokens);
+``peer_fused_moe`` a vLLM-design fused-MoE kernel (``peers``), best of its configs per
 size, its alignment step excluded. Ours and the peer are timed under CUDA-graph replay (median of 7
 replays of 30 calls) with the host time of one eager call recorded apart (``host_us``); transformers'
 contestants as a user calls them. ``ours_layer`` times our whole layer. Ours is checked against the
@@ -94,6 +95,7 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
         return lambda: fn() if not cfg.shared_intermediate_size else fn() + shared_reference(x_TH, cfg, w)
 
     from dispatch.kernels.gemv import moe_decode
+    from dispatch.kernels.persistent import moe_experts_persistent
     from dispatch.moe import moe
 
     T, K = ids_TK.shape
@@ -113,6 +115,8 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     out["ours_grouped"] = (with_shared(lambda: gg.moe_experts(*args)), None)
     out["ours_decode"] = (with_shared(lambda: moe_decode(*args)), None if T <= 256 else "decode path: T ≤ 256")
     out["ours_grouped"][0].chosen, out["ours_decode"][0].chosen = T > crossover, T <= crossover
+    out["ours_persistent"] = (with_shared(lambda: moe_experts_persistent(*args)),
+                              None if T >= 256 else "persistent schedule: timed from 256 tokens")
     if ref_TH is not None:
         fn, c = peer(cfg, w, *args[:3], ref_TH if not cfg.shared_intermediate_size
                      else ref_TH - shared_reference(x_TH, cfg, w), dev)

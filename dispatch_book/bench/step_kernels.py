@@ -1,0 +1,110 @@
+"""The decode step's dense kernels, one at a time: our GEMV and decode attention against cuBLAS / SDPA.
+
+    python -m dispatch_book.bench step_kernels --out DIR
+
+At OLMoE-1B-7B's shapes (QKV [6144, 2048], O [2048, 2048], lm_head [50304, 2048]; 16 heads of 128),
+bf16 (fp16 below sm_80), each call captured in a CUDA graph and its replays timed with the L2 cache
+flushed in between (``harness.time_ms(graph=True)``: the weights come from HBM, as in a decode step,
+where 16 layers' weights never fit in L2). Projections: ``F.linear`` (cuBLAS) against
+:func:`dispatch.kernels.dense_gemv.linear_small` with its heuristic tiles and with each candidate of
+``DENSE_CONFIGS``, at 1 and 8 rows; GB/s count W, x and y once. Attention: SDPA with the boolean
+mask the engine used (key position ≤ row position over the whole static cache) against
+:func:`dispatch.engine.attention.decode_attention`, at batch 1 and 64 over caches of 256 and 2048
+positions, every row at the cache's last position. Each of ours is checked against its baseline
+(relative error ≤ 1e-2) before it is timed.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from dispatch import runtime
+from dispatch_book import bench
+
+PROJECTIONS = {"qkv": (6144, 2048), "o": (2048, 2048), "lm_head": (50304, 2048)}
+ROWS = (1, 8)
+HEADS, HEAD_DIM = 16, 128
+ATTENTION = [(B, S) for B in (1, 64) for S in (256, 2048)]
+TOLERANCE = 1e-2
+
+
+def _row(kind: str, shape: str, what: str, fn, ref, nbytes: int) -> dict:
+    row = {"kind": kind, "shape": shape, "contestant": what, "rel_err": bench.rel_err(fn(), ref)}
+    if not row["rel_err"] <= TOLERANCE:
+        row["error"] = f"rel err {row['rel_err']:.2e} above {TOLERANCE}: not timed"
+        return row
+    row.update(bench.time_ms(fn, graph=True))
+    row["bytes"] = nbytes
+    row["gbps"] = nbytes / (row["median_ms"] * 1e-3) / 1e9
+    return row
+
+
+def projections(dev, dt) -> list[dict]:
+    from dispatch.kernels.dense_gemv import DENSE_CONFIGS, heuristic_dense, linear_small
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for name, (N, K) in PROJECTIONS.items():
+        w = (torch.randn(N, K, device=dev, generator=g) / K**0.5).to(dt)
+        for M in ROWS:
+            x = torch.randn(M, K, device=dev, generator=g).to(dt)
+            ref = F.linear(x, w)
+            nbytes = (N * K + M * K + M * N) * dt.itemsize
+            shape = f"{name} [{N}, {K}] M={M}"
+            rows.append(_row("projection", shape, "cublas", lambda x=x, w=w: F.linear(x, w), ref, nbytes))
+            heur = heuristic_dense(M, N, K, dev, dt.itemsize)
+            rows.append(_row("projection", shape, "ours", lambda x=x, w=w: linear_small(x, w), ref, nbytes) | {
+                "config": str(heur)})
+            for c in DENSE_CONFIGS:
+                try:
+                    fn = lambda c=c, x=x, w=w: linear_small(x, w, config=c)  # noqa: E731
+                    r = _row("projection", shape, "ours_config", fn, ref, nbytes)
+                except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU: recorded
+                    r = {"kind": "projection", "shape": shape, "contestant": "ours_config",
+                         "error": f"{type(e).__name__}: {str(e)[:120]}"}
+                rows.append(r | {"config": str(c)})
+            for r in rows[-len(DENSE_CONFIGS) - 2:]:
+                print(f"{shape:28s} {r['contestant']:12s} {r.get('median_ms', float('nan')) * 1e3:8.1f} us "
+                      f"{r.get('gbps', float('nan')):6.0f} GB/s {r.get('config', '')}", flush=True)
+    return rows
+
+
+def attention(dev, dt) -> list[dict]:
+    from dispatch.engine.attention import decode_attention
+
+    g = torch.Generator(device=dev).manual_seed(1)
+    rows = []
+    for B, S in ATTENTION:
+        q = torch.randn(B, HEADS, HEAD_DIM, device=dev, generator=g).to(dt)
+        k = torch.randn(B, S, HEADS, HEAD_DIM, device=dev, generator=g).to(dt)
+        v = torch.randn(B, S, HEADS, HEAD_DIM, device=dev, generator=g).to(dt)
+        pos = torch.full((B,), S - 1, device=dev, dtype=torch.long)
+        keys = torch.arange(S, device=dev)
+
+        def sdpa(q=q, k=k, v=v, pos=pos, keys=keys):
+            mask = (keys[None, :] <= pos[:, None])[:, None, None, :]
+            o = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+            return o[:, :, 0]
+
+        ref = sdpa()
+        nbytes = (2 * B * S * HEADS * HEAD_DIM + 2 * B * HEADS * HEAD_DIM) * dt.itemsize
+        shape = f"B={B} S={S}"
+        for what, fn in (("sdpa", sdpa), ("ours", lambda q=q, k=k, v=v, pos=pos: decode_attention(q, k, v, pos))):
+            rows.append(_row("attention", shape, what, fn, ref, nbytes))
+            r = rows[-1]
+            print(f"attention {shape:14s} {what:6s} {r.get('median_ms', float('nan')) * 1e3:8.1f} us "
+                  f"{r.get('gbps', float('nan')):6.0f} GB/s", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(prog="python -m dispatch_book.bench step_kernels").parse_args(argv)
+    if not runtime.HAS_CUDA:
+        raise SystemExit("the step-kernels benchmark times CUDA graphs: it needs a CUDA GPU")
+    dev, dt = torch.device("cuda"), runtime.compute_dtype()
+    with torch.no_grad():
+        rows = projections(dev, dt) + attention(dev, dt)
+    print("wrote", bench.save("step_kernels", rows, extra={"dtype": str(dt), "tolerance_rel": TOLERANCE,
+                                                           "timing": "CUDA graph replay, L2 flushed between calls"}))
