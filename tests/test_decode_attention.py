@@ -132,7 +132,7 @@ def test_rejects_bad_inputs():
 
 @pytest.mark.gpu
 def test_gpu_bf16_and_cuda_graph():
-    """OLMoE-like shapes (and one GQA shape for the tl.dot path) in bf16 against SDPA and the fp32
+    """OLMoE-like shapes (and one grouped-query shape) in bf16 against SDPA and the fp32
     twin, both split and unsplit; then captured in a CUDA graph and replayed with new positions."""
     for B, NH, KV, splits in ((1, 16, 16, None), (64, 16, 16, None), (1, 16, 16, 1), (64, 16, 16, 4),
                               (4, 32, 4, None), (4, 32, 4, 1)):

@@ -24,10 +24,12 @@ shapes: CUDA-graph capturable. Positions must lie in [0, S): on CPU the launcher
 (where checking would sync) a position past S-1 attends to all S keys and a negative one gives a
 NaN row, but no read ever leaves the cache.
 
-G heads per program: the G × BLOCK_S scores are a ``tl.dot`` with the G query rows padded to 16
-(the smallest MMA tile) when G > 1. For G == 1 (OLMoE, Qwen2-MoE: NH == KV) padding would waste 15
-of 16 MMA rows and a 16-row accumulator, so the scores are a broadcast multiply-and-sum on the CUDA
-cores, as cheap as the loads it follows: decode attention is bound by reading K and V once.
+G heads per program: the G × BLOCK_S scores and the P·V update are ``tl.dot`` with the G query rows
+padded to 16 (the smallest MMA tile), even for G == 1 (OLMoE, Qwen2-MoE: NH == KV). The wasted MMA
+rows cost nothing that matters (decode attention is bound by reading K and V once), and a dot is
+what Triton's software pipeliner keys on: compiled for sm_90, the dot loop streams the next K/V
+tiles with asynchronous copies while it computes the current one, while a broadcast-multiply loop
+(``tl.sum(q * k, 1)``) gets no asynchronous copies and waits for every tile's loads.
 Plain-PyTorch twin: :func:`decode_attention_torch` (fp32, explicit mask).
 """
 from __future__ import annotations
@@ -48,8 +50,7 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, S, NH, G, CHUNK, SPLITS,
                         qk_scale, s_qb, s_qh, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk, D: tl.constexpr,
-                        BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr,
-                        PARTIALS: tl.constexpr):
+                        BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr, PARTIALS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv = tl.program_id(1)
     sp = tl.program_id(2)
@@ -71,20 +72,13 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_p
         sm = s < end
         k = tl.load(k_row + s[:, None] * s_ks + d[None, :], mask=sm[:, None], other=0.0)  # [BLOCK_S, D]
         v = tl.load(v_row + s[:, None] * s_vs + d[None, :], mask=sm[:, None], other=0.0)
-        if USE_DOT:
-            qk = tl.dot(q, tl.trans(k), input_precision=PREC)  # [BLOCK_G, BLOCK_S]
-        else:  # BLOCK_G == 1
-            qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1)[None, :]
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC)  # [BLOCK_G, BLOCK_S]
         qk = tl.where(sm[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: every step holds a key
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if USE_DOT:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        else:
-            pv = tl.sum(tl.trans(p) * v.to(tl.float32), 0)[None, :]
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
     if not PARTIALS:
         o = acc / l_i[:, None]
@@ -188,11 +182,13 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
         l = torch.empty_like(m)
         acc = torch.empty(B, NH, SPLITS, D, dtype=torch.float32, device=q_BHD.device)
     k, v = k_BSKD, v_BSKD
+    # K and V tiles in flight: 3 stages where they fit in shared memory (bf16 on sm_80+), else 2
+    stages = 3 if 3 * 2 * BLOCK_S * D * q_BHD.element_size() <= runtime.max_shared_bytes(q_BHD.device) else 2
     _decode_attn_kernel[(B, KV, SPLITS)](
         q_BHD, k, v, pos_B, o_BHD, m, l, acc, S, NH, G, CHUNK, SPLITS, qk_scale, q_BHD.stride(0), q_BHD.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), D=D,
-        BLOCK_G=max(16, triton.next_power_of_2(G)) if G > 1 else 1, BLOCK_S=BLOCK_S, USE_DOT=G > 1,
-        PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", PARTIALS=SPLITS > 1, num_warps=4)
+        BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S, PARTIALS=SPLITS > 1,
+        PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", num_warps=4, num_stages=stages)
     if SPLITS > 1:
         _combine_kernel[(B * NH,)](m, l, acc, o_BHD, SPLITS, D=D, BLOCK_SP=triton.next_power_of_2(SPLITS),
                                    num_warps=4)
