@@ -48,10 +48,14 @@ def test_qk_rope_rejects_bad_shapes():
         add_rms(torch.zeros(4, 8).t(), None, torch.ones(4), 1e-5)
 
 
+@pytest.mark.parametrize("decode_kernels", [False, True])
 @pytest.mark.parametrize("family", ["olmoe", "qwen3_moe", "qwen2_moe"])
-def test_lean_forward_fused_matches_transformers(family):
+def test_lean_forward_fused_matches_transformers(family, decode_kernels):
+    """Prefill and one decode step; ``decode_kernels``: the step's projections through linear_small
+    and its attention through decode_attention (else cuBLAS and SDPA with a mask)."""
     _, model = tiny_model(family)
-    lean = LeanModel.from_hf(model, fused=True)
+    lean = LeanModel.from_hf(model, fused=True, decode_kernels=decode_kernels)
+    assert lean.decode_kernels is decode_kernels
     ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(4))
     cache = lean.new_cache(2, 8)
     with torch.no_grad():

@@ -15,6 +15,11 @@ not written here: run it through transformers with the ``"dispatch"`` experts ba
 
 On CUDA the norms, residual adds, q/k norms, RoPE and cache writes run as two fused kernels
 (:mod:`dispatch.engine.fused`); on CPU as their torch twins (transformers' ops, one for one).
+With ``decode_kernels`` (default: with ``fused``), a decode step of at most 16 rows runs its
+projections (QKV, O, lm_head) through :func:`dispatch.kernels.dense_gemv.linear_small` — a GEMV
+that streams the weights at a bandwidth cuBLAS does not reach at one row — and its attention
+through :func:`dispatch.engine.attention.decode_attention` (one launch over the static cache, no
+mask tensor); prefill keeps cuBLAS and SDPA.
 With ``fused_moe=True``, a softmax-routed MoE layer at batch 1 runs router + top-K as one kernel
 and the experts as two (:mod:`dispatch.engine.fused_moe`). Off by default: measured on an H200 it
 was slower than the library's three decode launches (501 vs 719 tokens/s at batch 1): its down
@@ -31,8 +36,10 @@ import torch
 import torch.nn.functional as F
 
 from dispatch.config import MoEConfig, MoEWeights
+from dispatch.engine.attention import decode_attention
 from dispatch.engine.fused import add_rms, add_rms_torch, qk_rope, qk_rope_torch
 from dispatch.engine.quant import QuantLayer, quantized_layer
+from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
 from dispatch.quant.modules import QuantizedExpertsModule
 
 FAMILIES = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe")
@@ -56,22 +63,26 @@ class LeanModel(torch.nn.Module):
     """``forward(ids_BS, pos_BS, cache, *, prefill)`` → logits [B, S, V] (the model's dtype)."""
 
     def __init__(self, cfg: LeanConfig, layers: list[dict], embed, norm, lm_head, inv_freq, rope_scale,
-                 moe_cfgs: list[MoEConfig | None], moe_path: str, fused: bool, fused_moe: bool = False):
+                 moe_cfgs: list[MoEConfig | None], moe_path: str, fused: bool, fused_moe: bool = False,
+                 decode_kernels: bool | None = None):
         super().__init__()
         self.cfg, self.layers, self.moe_cfgs, self.moe_path = cfg, layers, moe_cfgs, moe_path
         self.fused, self.fused_moe = fused, fused and fused_moe
+        self.decode_kernels = fused if decode_kernels is None else decode_kernels
         self.embed, self.norm, self.lm_head = embed, norm, lm_head
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
 
     @classmethod
     def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None,
-                fused_moe: bool = False, quantized: dict | None = None) -> "LeanModel":
+                fused_moe: bool = False, quantized: dict | None = None,
+                decode_kernels: bool | None = None) -> "LeanModel":
         """From an ``*ForCausalLM`` of a family in :data:`FAMILIES` (weights shared, QKV fused).
 
         ``moe_path``: the :func:`dispatch.moe` path; default "auto" on CUDA (decode kernels for
         few tokens, grouped GEMM above), "torch" on CPU (the interpreter only when asked).
         ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops.
         ``fused_moe``: at batch 1, :mod:`dispatch.engine.fused_moe` (needs ``fused``; off: slower).
+        ``decode_kernels``: the decode step's GEMV and attention kernels (default: as ``fused``).
         ``quantized``: {layer index: QuantizedExperts} (``dispatch.quant.quantize_model``) to run those
         layers' experts on (the transformers model is left as it is)."""
         from dispatch.hf import config_from_hf, weights_from_hf
@@ -126,7 +137,7 @@ class LeanModel(torch.nn.Module):
             raise ValueError(f"quantized layers {sorted(quantized)} are not MoE layers of this model")
         return cls(cfg, layers, base.embed_tokens.weight, base.norm.weight, model.lm_head.weight,
                    rope.inv_freq.float().contiguous(), float(getattr(rope, "attention_scaling", 1.0)), moe_cfgs,
-                   moe_path, fused, fused_moe)
+                   moe_path, fused, fused_moe, decode_kernels)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -170,29 +181,36 @@ class LeanModel(torch.nn.Module):
         c = self.cfg
         B, S = ids_BS.shape
         add_norm, qk = (add_rms, qk_rope) if self.fused else (add_rms_torch, qk_rope_torch)
+        small = self.decode_kernels and not prefill  # the decode step's own kernels
+        lin = linear_small if small and B * S <= MAX_ROWS else F.linear
         k_cache, v_cache = cache
         x = F.embedding(ids_BS.reshape(-1), self.embed)  # the residual stream [T, H], updated in place
         pos_T = pos_BS.reshape(-1)
         gqa = c.num_kv_heads != c.num_heads
-        if not prefill:
+        if not prefill and not small:
             keys = torch.arange(k_cache.shape[2], device=x.device)
             mask = (keys[None, :] <= pos_BS[:, :1])[:, None, None, :]  # [B, 1, 1, S_cache]
         delta = None
         for i, d in enumerate(self.layers):
             h = add_norm(x, delta, d["in_norm"], c.eps)
-            qkv = F.linear(h, d["qkv"], d.get("qkv_bias"))
+            qkv = lin(h, d["qkv"], d.get("qkv_bias"))
             q = qk(qkv, pos_T, S, d.get("q_norm"), d.get("k_norm"), c.qk_norm, self.inv_freq, self.rope_scale, c.eps,
-                   k_cache[i], v_cache[i], c.num_heads).view(B, S, c.num_heads, c.head_dim).transpose(1, 2)
-            if prefill:
-                k, v = k_cache[i, :B, :S].transpose(1, 2), v_cache[i, :B, :S].transpose(1, 2)
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                   k_cache[i], v_cache[i], c.num_heads)
+            if small:  # one new token per row: attend to the row's cache up to its position
+                o = decode_attention(q.view(B, c.num_heads, c.head_dim), k_cache[i], v_cache[i], pos_BS[:, 0])
             else:
+                q = q.view(B, S, c.num_heads, c.head_dim).transpose(1, 2)
                 k, v = k_cache[i, :B].transpose(1, 2), v_cache[i, :B].transpose(1, 2)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-            a = F.linear(o.transpose(1, 2).reshape(B * S, -1), d["o"])
+                if prefill:
+                    k, v = k[:, :, :S], v[:, :, :S]
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                else:
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+                o = o.transpose(1, 2)
+            a = lin(o.reshape(B * S, -1), d["o"])
             h = add_norm(x, a, d["post_norm"], c.eps)
             delta = self._mlp(i, h)
-        return F.linear(add_norm(x, delta, self.norm, c.eps), self.lm_head).view(B, S, -1)
+        return lin(add_norm(x, delta, self.norm, c.eps), self.lm_head).view(B, S, -1)
 
 
 def moe_weights(model: LeanModel) -> list[MoEWeights]:

@@ -10,6 +10,8 @@ prompts of ``--prompt`` random tokens. Contestants (one run, same model):
     hf_graph            transformers' decode step (static cache) captured in a CUDA graph by hand
     hf_graph_dispatch   the same with this package's experts (``experts_implementation="dispatch"``)
     ours                ``dispatch.engine.Engine`` (lean forward, one CUDA graph per batch bucket)
+    ours_cublas_sdpa    the same with the decode step's projections on cuBLAS and its attention on
+                        SDPA (``decode_kernels=False``): what the GEMV and attention kernels add
     ours_int8 / ours_fp8   the same with the experts quantized (int8-channel / fp8-channel, chapter 7;
                         fp8 only on sm_89+), at batch 1 and 64 (``QUANT_BATCHES``)
 
@@ -34,8 +36,8 @@ GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
 QUANT = {"ours_int8": "int8-channel", "ours_fp8": "fp8-channel"}
 QUANT_BATCHES = (1, 64)
 # In the order they run (each over every batch size): a spent budget skips the last ones first.
-CONTESTANTS = ("ours", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm", "hf_batched_mm",
-               "hf_eager", "hf_compile_static")
+CONTESTANTS = ("ours", "ours_cublas_sdpa", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm",
+               "hf_batched_mm", "hf_eager", "hf_compile_static")
 
 
 def read_gbps() -> tuple[float, str]:
@@ -240,6 +242,8 @@ def main(argv=None) -> None:
                 try:
                     if name == "ours":
                         row.update(ours(lean, ids, a.new))
+                    elif name == "ours_cublas_sdpa":
+                        row.update(ours(LeanModel.from_hf(model, decode_kernels=False), ids, a.new))
                     elif name in QUANT:
                         row.update(ours(quantized_lean(model, QUANT[name]), ids, a.new))
                         row["bytes_note"] = "roofline counted in bf16 expert bytes"
