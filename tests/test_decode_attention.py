@@ -50,9 +50,10 @@ def test_matches_twin_and_sdpa(dtype, NH, KV, S, splits):
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_int32_positions_scale_and_several_steps(splits):
+def test_strided_int32_positions_scale_and_several_steps(splits):
     q, k, v, pos = inputs(3, 8, 2, 16, 300, torch.float32, seed=7)  # up to 5 BLOCK_S steps per program
-    o = decode_attention(q, k, v, pos.int(), 0.3, splits=splits)
+    pos_strided = torch.stack([pos, pos, pos], 1).int()[:, 1]  # e.g. one column of pos_BS
+    o = decode_attention(q, k, v, pos_strided, 0.3, splits=splits)
     assert close(o, sdpa(q, k, v, pos, scale=0.3), torch.float32)
 
 

@@ -49,7 +49,7 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, S, NH, G, CHUNK, SPLITS,
-                        qk_scale, s_qb, s_qh, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk, D: tl.constexpr,
+                        qk_scale, s_qb, s_qh, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk, s_pos, D: tl.constexpr,
                         BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr, PARTIALS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kv = tl.program_id(1)
@@ -59,7 +59,7 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_p
     h = kv * G + g  # the query heads of kv head kv
     gm = g < G
     q = tl.load(q_ptr + b * s_qb + h[:, None] * s_qh + d[None, :], mask=gm[:, None], other=0.0)  # [BLOCK_G, D]
-    last = tl.minimum(tl.maximum(tl.load(pos_ptr + b).to(tl.int64), -1), S - 1)  # never past the cache
+    last = tl.minimum(tl.maximum(tl.load(pos_ptr + b * s_pos).to(tl.int64), -1), S - 1)  # never past the cache
     start = sp * CHUNK
     end = tl.minimum(start + CHUNK, last + 1).to(tl.int32)  # <= start: no iteration, neutral partial
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max of scores·log2(e)
@@ -163,7 +163,7 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
     Args:
         q_BHD: [B, NH, D] queries (the engine's ``qk_rope`` output); last dim contiguous.
         k_BSKD, v_BSKD: [B_max >= B, S, KV, D] caches, rows 0..B-1 used; last dim contiguous.
-        pos_B: [B] int32/int64, each in [0, S): row b attends to keys 0..pos_B[b] inclusive.
+        pos_B: [B] int32/int64 (any stride), each in [0, S): row b attends to keys 0..pos_B[b] inclusive.
         scale: score scale, default 1/sqrt(D).
         splits: key-range splits (at most this many; default :func:`num_splits` of S and B·KV).
     Returns: o_BHD [B, NH, D] (contiguous). One launch, two when split; no host sync on CUDA.
@@ -186,7 +186,7 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
     stages = 3 if 3 * 2 * BLOCK_S * D * q_BHD.element_size() <= runtime.max_shared_bytes(q_BHD.device) else 2
     _decode_attn_kernel[(B, KV, SPLITS)](
         q_BHD, k, v, pos_B, o_BHD, m, l, acc, S, NH, G, CHUNK, SPLITS, qk_scale, q_BHD.stride(0), q_BHD.stride(1),
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), D=D,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), pos_B.stride(0), D=D,
         BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S, PARTIALS=SPLITS > 1,
         PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", num_warps=4, num_stages=stages)
     if SPLITS > 1:
