@@ -82,17 +82,18 @@ DENSE_CONFIGS = (
 
 
 def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseGemvConfig:
-    """The widest row tile (<= 64 rows at M = 1, 16..128 for tl.dot) that still gives >= 2 programs
-    per SM; W tiles of 4K elements at M = 1 (32 fp32 accumulators a thread: ~7 programs fit an SM's
-    registers, so all are resident at once) and 8K for tl.dot; up to 3 stages, as many as fit shared
-    memory (``itemsize``: bytes of x's dtype). Depends on M only through M == 1, so a row's result
-    is the same at every M in 2..16."""
+    """At M = 1: 4 rows of W a program and the whole K (up to 2048) in one load — the fastest of
+    nine candidates at all three of OLMoE's projection shapes on an H200 (``python -m
+    dispatch_book.bench step_kernels``). At M = 2..16 (tl.dot): the widest row tile (16..128) that
+    still gives >= 2 programs per SM, W tiles of 8K elements. Up to 3 stages when K takes several
+    steps, as many as fit shared memory (``itemsize``: bytes of x's dtype). Depends on M only
+    through M == 1, so a row's result is the same at every M in 2..16."""
     dev = torch.device(device)
     sms = runtime.num_sms(dev) if dev.type == "cuda" else CPU_SMS
-    lo, n = (4, 64) if M <= 1 else (16, 128)
+    lo, n = (4, 4) if M <= 1 else (16, 128)
     while n > lo and triton.cdiv(N, n) < PROGRAMS_PER_SM * sms:
         n //= 2
-    k = max(16, min((4096 if M <= 1 else 8192) // n, triton.next_power_of_2(max(K, 1))))
+    k = max(16, min(8192 // n, triton.next_power_of_2(max(K, 1))))
     stages = 1 if K <= k else 3
     limit = runtime.max_shared_bytes(dev) - HEADROOM if dev.type == "cuda" else 1 << 30
     cfg = DenseGemvConfig(block_n=n, block_k=k, num_warps=4, num_stages=stages)
