@@ -1,5 +1,5 @@
 """Chapter 6's quoted numbers come from the recordings: hand-computed on a synthetic pair."""
-from dispatch_book.bench.e2e_summary import step_numbers
+from dispatch_book.bench.e2e_summary import decode_kernel_numbers, step_numbers
 
 KINDS = ("experts", "router", "attention", "projections (GEMV/GEMM)", "norms, rope, elementwise",
          "sampling", "launch gaps", "step", "kernels per step")
@@ -12,7 +12,7 @@ def _row(batch, what, **v):
 def test_step_numbers_by_hand():
     doc = {"read_gbps": 4000.0, "rows": [
         {"contestant": "ours", "batch": 1, "bytes_per_step": 2.0e9, "pct_roofline": 40.4},
-        {"contestant": "ours", "batch": 64, "bytes_per_step": 15.2e9, "pct_roofline": 69.6},
+        {"contestant": "ours", "batch": 64, "bytes_per_step": 15.2e9, "pct_roofline": 69.6, "graph_step_ms": 4.553},
         {"contestant": "hf_graph", "batch": 1, "bytes_per_step": 1.0, "pct_roofline": 1.0}]}
     pdoc = {"rows": [_row(1, "ours, eager step", step=9000.0, **{"launch gaps": 7600.0}),
                      _row(1, "ours, CUDA graph", experts=560.0, attention=160.0, **{"kernels per step": 231}),
@@ -25,7 +25,25 @@ def test_step_numbers_by_hand():
     assert n["experts_ms"] == "0.56 ms" and n["layer_us"] == "35 µs"  # 560 µs over 16 layers
     # OLMoE-1B-7B: 8 experts x 3 x 2048 x 1024 bf16 = 100.7 MB; at 4 TB/s 25 µs
     assert n["expert_mb"] == "101 MB" and n["floor_us"] == "25 µs"
+    assert n["b64_step_ms"] == "4.55 ms"
     assert n["b64_touched"] == "64.0" and n["E"] == "64"  # 64 * (1 - (56/64)^64) = 63.99
     assert (n["b1_pct"], n["b64_pct"], n["b64_gb"]) == ("40%", "70%", "15 GB")
     assert n["hf_kernels"] == "1083"
     assert n["kernels"] == "231" and n["unfused_glue_ms"] == "1.50 ms"
+
+
+def test_decode_kernel_numbers_by_hand():
+    doc = {"rows": [{"contestant": "ours", "batch": 1, "decode_tok_s": 820.0},
+                    {"contestant": "ours_cublas_sdpa", "batch": 1, "decode_tok_s": 725.0},
+                    {"contestant": "ours", "batch": 64, "decode_tok_s": 14000.0},
+                    {"contestant": "ours_cublas_sdpa", "batch": 64, "error": "x"}]}
+    sdoc = {"rows": [{"shape": f"{n} [8, 8] M={m}", "contestant": c, "median_ms": t}
+                     for n in ("qkv", "o", "lm_head") for m in (1, 8)
+                     for c, t in (("cublas", 0.010), ("ours", 0.008))]
+            + [{"shape": "B=1 S=256", "contestant": "sdpa", "median_ms": 0.0188},
+               {"shape": "B=1 S=256", "contestant": "ours", "median_ms": 0.0101}]}
+    n = decode_kernel_numbers(doc, sdoc)
+    assert (n["dk_b1_ours"], n["dk_b1_base"], n["dk_b1_x"]) == ("820", "725", "1.13×")  # 820 / 725
+    assert "dk_b64_x" not in n  # the baseline row failed: nothing quoted
+    assert n["gemv_qkv_ours"] == "8.0 µs" and n["gemv_o_cublas"] == "10.0 µs"
+    assert (n["attn_ours"], n["attn_sdpa"]) == ("10.1 µs", "18.8 µs")

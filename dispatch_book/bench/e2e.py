@@ -178,12 +178,13 @@ def profiles(model, lean, B: int) -> list[dict]:
     from dispatch.engine.profile import step_profile
 
     engine = Engine(lean, max_batch=B, max_seq=512)
-    engine.generate([[1] * 16] * B, 2)
+    g = torch.Generator().manual_seed(1)  # distinct rows: a repeated prompt would route every row alike
+    engine.generate(torch.randint(2, model.config.vocab_size, (B, 16), generator=g).tolist(), 2)
     rows = [{"what": "ours, eager step", **step_profile(lambda: engine._step(B, True))},
             {"what": "ours, CUDA graph", **step_profile(lambda: engine._run_step(B, True))}]
     if B == 1:  # the same graph unfused: glue as torch ops, the MoE layer in 5 launches
         unfused = Engine(LeanModel.from_hf(model, fused=False), max_batch=B, max_seq=512)
-        unfused.generate([[1] * 16] * B, 2)
+        unfused.generate(torch.randint(2, model.config.vocab_size, (B, 16), generator=g).tolist(), 2)
         rows.append({"what": "ours, CUDA graph, unfused", **step_profile(lambda: unfused._run_step(B, True))})
         del unfused
     from transformers import StaticCache
