@@ -32,6 +32,7 @@ from dispatch_book.bench.results import (  # noqa: F401
 # Suites: name -> module with a ``main(argv)``.
 SUITES = {
     "kernels": "dispatch_book.bench.kernels",
+    "kernels_sweep": "dispatch_book.bench.kernels_sweep",
     "routing": "dispatch_book.bench.routing",
     "decode": "dispatch_book.bench.decode",
     "parallel": "dispatch_book.bench.parallel",
