@@ -1,10 +1,10 @@
 """The peer-to-peer path: Triton kernels store tokens straight into the destination GPU's memory.
 
 Every rank allocates, through torch's symmetric memory (CUDA backend, no multicast), buffers mapped
-into every peer: ``recv`` [R·C, H] (one region of C token rows per source), ``meta`` [R·C, 2K+1]
-int32 (K expert ids, -1 where this rank does not compute the row; K fp32 weights as bits; the
-token's index at home), ``counts`` [R] (tokens from each source), ``ret`` [C·K, H] (the home's
-routed rows n = t·K + k) and 2R int32 flags. Then, with no NCCL and no host sync:
+into every peer: ``recv`` [R·C, H] (one region of C token rows per source), ``meta`` [R·C, 2K]
+int32 (K expert ids, -1 where this rank does not compute the row; K fp32 weights as bits),
+``home`` [R·C] int32 (each row's token index at its home rank), ``counts`` [R] (tokens from each
+source), ``ret`` [C·K, H] (the home's routed rows n = t·K + k) and 2R int32 flags. Then, with no NCCL and no host sync:
 
     dispatch  _send_tokens: token t goes once to each rank d computing one of its rows, into
               d's recv[rank·C + pos], with its meta; each program then makes one *release* add
