@@ -44,8 +44,10 @@ def test_search_loop_on_the_interpreter(tmp_path, small_space):
         best_up = min((c for bm in bms for c in gemm_space("up", bm, cpu)), key=lambda c: fake_us(lambda: 0, c))
         assert up.block_m in bms and down.block_m == up.block_m
         assert fake_us(lambda: 0, up) == fake_us(lambda: 0, best_up)
-    d = DecodeConfig(**b["2"]["decode"])  # coordinate descent reaches the fake price's optimum
-    assert (d.block_i, d.block_ho, d.programs) == (16, 16, 4 * 4)
+    d = DecodeConfig(**b["2"]["decode"])  # coordinate descent reaches the fake price's optimum:
+    # the narrowest tiles, and the heuristic's programs (more than any candidate step offers: kept)
+    base = tiles.heuristic_decode(2, 2, 8, 64, 32, cpu)
+    assert (d.block_i, d.block_ho, d.programs) == (16, 16, base.programs) and base.programs > 4 * 4
     assert e["crossover"] == 2  # fake grouped path (50 µs) beats decode (>90 µs) from T=8
     assert any("decode" in s for s in logs)
     path = tables.write(tmp_path / "t.json", {"entries": entry})  # what the launchers will read back
@@ -98,3 +100,29 @@ def test_cli_rejects_bad_requests():
         main(["--preset", "nope"])
     with pytest.raises(SystemExit, match="CUDA"):
         main(["--preset", "tiny"])
+
+
+def test_search_never_keeps_a_slower_config(small_space, monkeypatch):
+    """A step whose candidates all time slower than the current config keeps it; a whole grouped path
+    that times slower with the tuned tiles than with the heuristic's keeps the heuristic's."""
+    cpu = torch.device("cpu")
+    base = tiles.heuristic_decode(2, 2, 8, 64, 32, cpu)
+
+    def decode_us(fn, cand):  # the heuristic's config is the fastest decode config there is
+        fn()
+        return 10.0 if cand == base else 20.0
+
+    case = search.make_case("tiny", 2, cpu, torch.float32)
+    d = search.tune_decode("tiny", 2, case, cpu, decode_us, log=lambda s: None)
+    assert DecodeConfig(**d["decode"]) == base and d["decode_us"] == d["decode_heuristic_us"] == 10.0
+
+    def grouped_us(fn, cand):  # kernels price as fake_us, but the whole path is slower with tuned tiles
+        if isinstance(cand, tuple) and cand[0] == "grouped":
+            fn()
+            return 40.0 if cand[1] == tiles.heuristic_gemm("up", cand[1].block_m, cpu) else 60.0
+        return fake_us(fn, cand)
+
+    case = search.make_case("tiny", 32, cpu, torch.float32)
+    g = search.tune_grouped("tiny", 32, case, cpu, grouped_us, log=lambda s: None)
+    up = GemmConfig(**g["up"])
+    assert up == tiles.heuristic_gemm("up", up.block_m, cpu) and g["grouped_us"] == g["grouped_heuristic_us"] == 40.0
