@@ -16,7 +16,7 @@ def test_step_numbers_by_hand():
         {"contestant": "hf_graph", "batch": 1, "bytes_per_step": 1.0, "pct_roofline": 1.0}]}
     pdoc = {"rows": [_row(1, "ours, eager step", step=9000.0, **{"launch gaps": 7600.0}),
                      _row(1, "ours, CUDA graph", experts=560.0, attention=160.0, **{"kernels per step": 231}),
-                     _row(1, "ours, CUDA graph, glue as torch ops", **{"norms, rope, elementwise": 1500.0}),
+                     _row(1, "ours, CUDA graph, unfused", **{"norms, rope, elementwise": 1500.0}),
                      _row(1, "transformers step (dispatch experts), eager", **{"kernels per step": 1083}),
                      _row(64, "ours, CUDA graph", experts=5700.0, step=7400.0)]}
     n = step_numbers(doc, pdoc)

@@ -181,12 +181,11 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
         m = torch.empty(B, NH, SPLITS, dtype=torch.float32, device=q_BHD.device)
         l = torch.empty_like(m)
         acc = torch.empty(B, NH, SPLITS, D, dtype=torch.float32, device=q_BHD.device)
-    k, v = k_BSKD, v_BSKD
     # K and V tiles in flight: 3 stages where they fit in shared memory (bf16 on sm_80+), else 2
     stages = 3 if 3 * 2 * BLOCK_S * D * q_BHD.element_size() <= runtime.max_shared_bytes(q_BHD.device) else 2
     _decode_attn_kernel[(B, KV, SPLITS)](
-        q_BHD, k, v, pos_B, o_BHD, m, l, acc, S, NH, G, CHUNK, SPLITS, qk_scale, q_BHD.stride(0), q_BHD.stride(1),
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), pos_B.stride(0), D=D,
+        q_BHD, k_BSKD, v_BSKD, pos_B, o_BHD, m, l, acc, S, NH, G, CHUNK, SPLITS, qk_scale, q_BHD.stride(0),
+        q_BHD.stride(1), *k_BSKD.stride()[:3], *v_BSKD.stride()[:3], pos_B.stride(0), D=D,
         BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S, PARTIALS=SPLITS > 1,
         PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", num_warps=4, num_stages=stages)
     if SPLITS > 1:

@@ -29,11 +29,11 @@ import triton.language as tl
 
 from dispatch import runtime
 from dispatch.kernels.checks import check_launch
+from dispatch.kernels.tiles import HEADROOM
 
 MAX_ROWS = 16  # the tl.dot variant pads the rows to one 16-row tile
 CPU_SMS = 132  # the heuristic on CPU sizes grids as for an H100/H200 (132 SMs)
 PROGRAMS_PER_SM = 2
-HEADROOM = 8 * 1024  # shared memory left to Triton's own scratch
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ def step_numbers(doc: dict, pdoc: dict) -> dict[str, str]:
     ours = {r["batch"]: r for r in doc["rows"] if r["contestant"] == "ours"}
     prof = {(r["batch"], r["what"]): r for r in pdoc["rows"]}
     eager, graph = prof[1, "ours, eager step"], prof[1, "ours, CUDA graph"]
-    unfused = prof.get((1, "ours, CUDA graph, unfused")) or prof[1, "ours, CUDA graph, glue as torch ops"]
+    unfused = prof[1, "ours, CUDA graph, unfused"]
     gbps, K, E = doc["read_gbps"], oc.num_experts_per_tok, oc.num_experts
     expert_mb = K * 3 * oc.hidden_size * oc.intermediate_size * 2 / 1e6  # K experts' bf16 weights
 
