@@ -41,7 +41,9 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime
+from dispatch.kernels import pdl
 from dispatch.kernels.checks import check_launch, check_tensor
+from dispatch.kernels.pdl import pdl_enter
 
 MIN_CHUNK = 128  # fewest keys a split program takes: below that a second launch costs more than it saves
 LOG2E = 1.4426950408889634
@@ -50,7 +52,9 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, S, NH, G, CHUNK, SPLITS,
                         qk_scale, s_qb, s_qh, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk, s_pos, D: tl.constexpr,
-                        BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr, PARTIALS: tl.constexpr):
+                        BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr, PARTIALS: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     kv = tl.program_id(1)
     sp = tl.program_id(2)
@@ -91,7 +95,9 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_p
 
 
 @triton.jit
-def _combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, SPLITS, D: tl.constexpr, BLOCK_SP: tl.constexpr):
+def _combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, SPLITS, D: tl.constexpr, BLOCK_SP: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)  # row b·NH + h
     sp = tl.arange(0, BLOCK_SP)
     spm = sp < SPLITS
@@ -187,10 +193,11 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
         q_BHD, k_BSKD, v_BSKD, pos_B, o_BHD, m, l, acc, S, NH, G, CHUNK, SPLITS, qk_scale, q_BHD.stride(0),
         q_BHD.stride(1), *k_BSKD.stride()[:3], *v_BSKD.stride()[:3], pos_B.stride(0), D=D,
         BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S, PARTIALS=SPLITS > 1,
-        PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", num_warps=4, num_stages=stages)
+        PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", num_warps=4, num_stages=stages,
+        **pdl.launch_kw(q_BHD.device))
     if SPLITS > 1:
         _combine_kernel[(B * NH,)](m, l, acc, o_BHD, SPLITS, D=D, BLOCK_SP=triton.next_power_of_2(SPLITS),
-                                   num_warps=4)
+                                   num_warps=4, **pdl.launch_kw(q_BHD.device))
     return o_BHD
 
 

@@ -19,15 +19,21 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
+from dispatch.kernels import pdl
+from dispatch.kernels.pdl import pdl_enter, pdl_release, pdl_wait
 
 NORMS = {"none": 0, "full": 1, "head": 2}
 
 
 @triton.jit
-def _add_rms_kernel(x_ptr, d_ptr, w_ptr, out_ptr, H, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_kernel(x_ptr, d_ptr, w_ptr, out_ptr, H, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < H
+    pdl_release(PDL)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0)  # the norm's weight: read before the PDL wait
+    pdl_wait(PDL)
     x = tl.load(x_ptr + row * H + offs, mask=m, other=0.0)
     if HAS_D:
         d = tl.load(d_ptr + row * H + offs, mask=m, other=0.0)
@@ -35,7 +41,6 @@ def _add_rms_kernel(x_ptr, d_ptr, w_ptr, out_ptr, H, eps, HAS_D: tl.constexpr, B
         tl.store(x_ptr + row * H + offs, x, mask=m)
     xf = x.to(tl.float32)
     y = (xf * tl.rsqrt(tl.sum(xf * xf, 0) / H + eps)).to(x.dtype)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0)
     tl.store(out_ptr + row * H + offs, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=m)
 
 
@@ -50,7 +55,8 @@ def add_rms(x_TH: torch.Tensor, d_TH: torch.Tensor | None, w_H: torch.Tensor, ep
     out = torch.empty_like(x_TH)
     if T:
         _add_rms_kernel[(T,)](x_TH, d_TH if d_TH is not None else x_TH, w_H, out, H, eps,
-                              HAS_D=d_TH is not None, BLOCK=triton.next_power_of_2(H), num_warps=8)
+                              HAS_D=d_TH is not None, BLOCK=triton.next_power_of_2(H), num_warps=8,
+                              **pdl.launch_kw(x_TH.device))
     return out
 
 
@@ -101,7 +107,8 @@ def _norm_rope(base_ptr, w_ptr, h, d, hmask, cos, sin, eps, NORM: tl.constexpr, 
 @triton.jit
 def _qk_rope_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, S, s_row, s_cb, s_cs,
                     eps, scale, NH, NKV, NORM: tl.constexpr, D: tl.constexpr, BLOCK_NH: tl.constexpr,
-                    BLOCK_KV: tl.constexpr):
+                    BLOCK_KV: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     b, pos = r // S, tl.load(pos_ptr + r)
     d = tl.arange(0, D)[None, :]
@@ -141,7 +148,7 @@ def qk_rope(qkv_TC: torch.Tensor, pos_T: torch.Tensor, S: int, q_norm, k_norm, n
                               k_cache_BSkD, v_cache_BSkD, S, qkv_TC.stride(0), k_cache_BSkD.stride(0),
                               k_cache_BSkD.stride(1), eps, scale, num_heads, NKV, NORM=NORMS[norm], D=D,
                               BLOCK_NH=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(NKV),
-                              num_warps=4)
+                              num_warps=4, **pdl.launch_kw(qkv_TC.device))
     return q
 
 

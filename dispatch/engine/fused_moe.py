@@ -26,13 +26,16 @@ import triton.language as tl
 
 from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
 from dispatch.config import MoEConfig
+from dispatch.kernels import pdl
 from dispatch.kernels.gemv_kernels import _up_swiglu_kernel
+from dispatch.kernels.pdl import pdl_enter
 
 
 @triton.jit
 def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scaling,
                         K: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     mask_e = offs_e < E
@@ -83,7 +86,7 @@ def router_topk(x_TH: torch.Tensor, router_EH: torch.Tensor, cfg: MoEConfig) -> 
         _router_topk_kernel[(T,)](x_TH, router_EH, weights_TK, ids_TK, cfg.num_experts, H, x_TH.stride(0),
                                   router_EH.stride(0), float(cfg.routed_scaling_factor), K=K,
                                   RENORM=cfg.norm_topk_prob, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
-                                  BLOCK_K=triton.next_power_of_2(K), num_warps=4)
+                                  BLOCK_K=triton.next_power_of_2(K), num_warps=4, **pdl.launch_kw(x_TH.device))
     return weights_TK, ids_TK
 
 
@@ -97,8 +100,9 @@ def router_topk_torch(x_TH, router_EH, cfg: MoEConfig):
 
 @triton.jit
 def _down_combine_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, y_ptr, E, H, I, s_de, s_dh, s_hn,
-                         K: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr):
+                         K: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, PDL: tl.constexpr):
     """y[tile] = Σ_k w_k · (h_k @ down_{e_k}[tile].T), k in order, fp32; ids outside [0, E) add nothing."""
+    pdl_enter(PDL)
     offs_o = tl.program_id(0) * BLOCK_HO + tl.arange(0, BLOCK_HO)
     mask_o = offs_o < H
     y = tl.zeros([BLOCK_HO], dtype=tl.float32)
@@ -152,11 +156,11 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tens
         ids_1K.stride(1), gate_up_E2IH.stride(0), gate_up_E2IH.stride(1), 0, 0, 0, h_KI.stride(0),
         SBR=1, SBC=1, QUANT=False, LATE_SCALE=False,  # unquantized weights; no scales
         BLOCK_M=16, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_1H.device))
     y_1H = torch.empty_like(x_1H)
     # one program per 8 rows of H (OLMoE: 256 programs, ~2 per SM), each streaming its rows of all K experts
     block_ho, block_i = (8, min(256, triton.next_power_of_2(I))) if x_1H.is_cuda else (16, cfg.block_id)
     _down_combine_kernel[(triton.cdiv(H, block_ho),)](
         h_KI, ids_1K, weights_1K, down_EHI, y_1H, E, H, I, down_EHI.stride(0), down_EHI.stride(1), h_KI.stride(0),
-        K=K, BLOCK_HO=block_ho, BLOCK_I=block_i, num_warps=4)
+        K=K, BLOCK_HO=block_ho, BLOCK_I=block_i, num_warps=4, **pdl.launch_kw(x_1H.device))
     return y_1H

@@ -7,6 +7,7 @@ grouped_gemm.py  moe_experts: sort → grouped up+SwiGLU → grouped down → co
 persistent.py    the same with persistent kernels (a benchmark contestant)       (chapter 2)
 gemv.py          moe_decode: grouped GEMV kernels for 1–64 tokens                (chapter 3)
 combine.py       combine: the one k-order sum of a token's K routed rows
+pdl.py           programmatic dependent launch: the decode step's kernels start early    (chapter 6)
 
 Import the modules themselves (``from dispatch.kernels.routing import route``): this package
 imports none of them, so the plain-PyTorch parts of ``dispatch`` load without compiling kernels.

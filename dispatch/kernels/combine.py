@@ -17,12 +17,15 @@ import triton
 import triton.language as tl
 from torch.library import custom_op
 
+from dispatch.kernels import pdl
 from dispatch.kernels.checks import check_launch, check_tensor, no_backward, via_op
+from dispatch.kernels.pdl import pdl_enter
 
 
 @triton.jit
 def _combine_kernel(out_ptr, ids_ptr, y_ptr, H, E, s_on, s_oh, s_it, s_ik, s_yt, s_yh,
-                    TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_H: tl.constexpr):
+                    TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -75,7 +78,8 @@ def combine_impl(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: i
     s_it, s_ik = ids_TK.stride() if ids_TK is not None else (0, 0)
     _combine_kernel[(T, triton.cdiv(H, block_h))](
         out_NH, ids_TK if ids_TK is not None else out_NH, y_TH, H, E, *out_NH.stride(), s_it, s_ik,
-        *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4)
+        *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4,
+        **pdl.launch_kw(out_NH.device))
     return y_TH
 
 

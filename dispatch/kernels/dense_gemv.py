@@ -28,7 +28,9 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime
+from dispatch.kernels import pdl
 from dispatch.kernels.checks import check_launch
+from dispatch.kernels.pdl import pdl_release, pdl_wait
 from dispatch.kernels.tiles import HEADROOM
 
 MAX_ROWS = 16  # the tl.dot variant pads the rows to one 16-row tile
@@ -103,10 +105,20 @@ def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseG
 
 
 @triton.jit
+def _gemv_step(acc, w_NK, x_row, offs_k, mask_m, K, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """acc += this K step's x columns times its W tile (the x load comes after any PDL wait)."""
+    x_MK = tl.load(x_row + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+    if DOT:
+        return tl.dot(x_MK, tl.trans(w_NK), acc, input_precision=PRECISION)
+    return acc + w_NK.to(tl.float32) * x_MK.to(tl.float32)  # x_MK is [1, BLOCK_K]: broadcast over W's rows
+
+
+@triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_b, s_ym,
                        HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """Program p: y[:, p·BLOCK_N : (p+1)·BLOCK_N], reducing over all of K."""
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+    """Program p: y[:, p·BLOCK_N : (p+1)·BLOCK_N], reducing over all of K. The first K step's W tile is
+    loaded before the PDL wait (weights are never written by an earlier kernel), x only after it."""
     BLOCK_M: tl.constexpr = 16 if DOT else 1
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -117,15 +129,15 @@ def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_b, s_y
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+    pdl_release(PDL)
+    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    w_NK = tl.load(w_row + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
+    pdl_wait(PDL)
+    acc = _gemv_step(acc, w_NK, x_row, offs_k, mask_m, K, DOT, PRECISION)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=NUM_STAGES):
         offs_k = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
-        mask_k = offs_k < K
-        w_NK = tl.load(w_row + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        x_MK = tl.load(x_row + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        if DOT:
-            acc = tl.dot(x_MK, tl.trans(w_NK), acc, input_precision=PRECISION)
-        else:  # x_MK is [1, BLOCK_K]: broadcast over the rows of W
-            acc += w_NK.to(tl.float32) * x_MK.to(tl.float32)
+        w_NK = tl.load(w_row + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
+        acc = _gemv_step(acc, w_NK, x_row, offs_k, mask_m, K, DOT, PRECISION)
     if DOT:
         y_MN = acc
     else:
@@ -189,7 +201,8 @@ def linear_small(x_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | 
     _dense_gemv_kernel[(triton.cdiv(N, block_n),)](
         x_MK, w_NK, b, y_MN, M, N, K, x_MK.stride(0), w_NK.stride(0), b.stride(0), y_MN.stride(0),
         HAS_BIAS=bias_N is not None, DOT=dot, PRECISION="ieee" if x_MK.dtype == torch.float32 else "tf32",
-        BLOCK_N=block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+        BLOCK_N=block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        **pdl.launch_kw(x_MK.device))
     return y_MN
 
 

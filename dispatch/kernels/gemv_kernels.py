@@ -10,6 +10,7 @@ present in ``ids_TK`` (``_slot_expert``) and the routed rows n = t·K + k sent t
 import triton
 import triton.language as tl
 
+from dispatch.kernels.pdl import pdl_enter
 from dispatch.kernels.quant_kernels import _block_scales, _qdot
 
 
@@ -49,11 +50,13 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                       s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
+                      BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+                      PDL: tl.constexpr):
     """h_NI[rows of e, i-tiles] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
 
     Grid (slot, P): program (slot, p) finds its expert e, then does I tiles p, p + P, p + 2P, ...
     """
+    pdl_enter(PDL)  # the expert ids come from the kernel before: nothing to read ahead of them
     slot = tl.program_id(0)
     e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
     s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
@@ -92,11 +95,12 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                  s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on,
                  SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
-                 BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
+                 BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
     """out_NH[rows of e, h-tiles] = weight · (h @ down.T), in fp32; down rows streamed once.
 
     Grid (slot, P): program (slot, p) does H tiles p, p + P, ... reducing over all of I.
     """
+    pdl_enter(PDL)
     slot = tl.program_id(0)
     e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
     s_e = ds_ptr + e.to(tl.int64) * s_se

@@ -31,7 +31,9 @@ import triton.language as tl
 from torch.library import custom_op
 
 from dispatch.config import MoEConfig
+from dispatch.kernels import pdl
 from dispatch.kernels.checks import check_launch, no_backward, via_op
+from dispatch.kernels.pdl import pdl_enter
 from dispatch.reference import route_reference
 
 _TILE = 2048  # BLOCK_T × BLOCK_E elements per program: ~16 fp32 per thread and tensor at 4 warps
@@ -43,7 +45,8 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, st
                   K: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
                   GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, TOPK_GROUP: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_G: tl.constexpr):
+                  BLOCK_G: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T] token ids
     cols = tl.arange(0, BLOCK_E)  # [BLOCK_E] expert ids
@@ -183,7 +186,7 @@ def _route_impl(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, si
         K=K, SIGMOID=sigmoid, HAS_BIAS=bias_E is not None, RENORM=renorm,
         GROUPS=n_group, GROUP_SIZE=E // n_group, TOPK_GROUP=topk_group,
         BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_K=triton.next_power_of_2(K),
-        BLOCK_G=triton.next_power_of_2(n_group), num_warps=4)
+        BLOCK_G=triton.next_power_of_2(n_group), num_warps=4, **pdl.launch_kw(logits_TE.device))
     return weights_TK, ids_TK
 
 

@@ -12,6 +12,8 @@ prompts of ``--prompt`` random tokens. Contestants (one run, same model):
     ours                ``dispatch.engine.Engine`` (lean forward, one CUDA graph per batch bucket)
     ours_cublas_sdpa    the same with the decode step's projections on cuBLAS and its attention on
                         SDPA (``decode_kernels=False``): what the GEMV and attention kernels add
+    ours_no_pdl         the same engine with plain launches (no programmatic dependent launch,
+                        ``dispatch.kernels.pdl``): what overlapping the kernels' starts adds
     ours_int8 / ours_fp8   the same with the experts quantized (int8-channel / fp8-channel, chapter 7;
                         fp8 only on sm_89+), at batch 1 and 64 (``QUANT_BATCHES``)
 
@@ -36,7 +38,7 @@ GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
 QUANT = {"ours_int8": "int8-channel", "ours_fp8": "fp8-channel"}
 QUANT_BATCHES = (1, 64)
 # In the order they run (each over every batch size): a spent budget skips the last ones first.
-CONTESTANTS = ("ours", "ours_cublas_sdpa", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm",
+CONTESTANTS = ("ours", "ours_no_pdl", "ours_cublas_sdpa", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm",
                "hf_batched_mm", "hf_eager", "hf_compile_static")
 
 
@@ -243,6 +245,11 @@ def main(argv=None) -> None:
                 try:
                     if name == "ours":
                         row.update(ours(lean, ids, a.new))
+                    elif name == "ours_no_pdl":
+                        from dispatch.kernels import pdl
+
+                        with pdl.disabled():  # its graphs are captured with plain launches
+                            row.update(ours(lean, ids, a.new))
                     elif name == "ours_cublas_sdpa":
                         row.update(ours(LeanModel.from_hf(model, decode_kernels=False), ids, a.new))
                     elif name in QUANT:

@@ -1,0 +1,87 @@
+"""Programmatic dependent launch (PDL, Hopper and later): the next kernel starts while this one drains.
+
+A decode step is ~200 small kernels in a row (chapter 6). Each one normally starts only after the
+previous one has finished and its memory is flushed, then pays its own launch and ramp-up: a few
+µs that the weights' read time does not hide at one token. With PDL a kernel launched with the
+``launch_pdl`` attribute may be scheduled as soon as every program of the kernel before it has
+executed ``griddepcontrol.launch_dependents``; its programs then wait, resident on the SMs, in
+``griddepcontrol.wait`` until the previous kernel has completed and flushed its memory. What a
+program does before the wait must not touch memory that an earlier kernel writes or reads:
+here that is only the weights (never written during inference) — :func:`dispatch.kernels.dense_gemv`
+issues its first weight load before the wait.
+
+Every kernel of the decode step takes ``PDL: tl.constexpr`` and calls :func:`pdl_release` then
+:func:`pdl_wait` (or :func:`pdl_enter`, both) before its first access to activations; the launchers
+pass ``**launch_kw(device)``. Off (``PDL=False``, no attribute) on CPU and under the interpreter,
+before sm_90, on a Triton without ``launch_pdl``, with ``DISPATCH_PDL=0`` in the environment, and
+inside :func:`disabled` (benchmarks race the step with and without it). Results are bitwise the same
+either way: only when a kernel starts changes, never what it computes.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch import runtime
+
+_off = 0  # depth of open disabled() blocks
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_has_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        return "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl.extra.cuda, "gdc_wait")
+    except (ImportError, AttributeError):
+        return False
+
+
+def enabled(device) -> bool:
+    """Whether kernels on ``device`` launch with PDL now (see the module docstring for when not)."""
+    dev = torch.device(device)
+    if _off or runtime.INTERPRET or dev.type != "cuda" or os.environ.get("DISPATCH_PDL", "1") == "0":
+        return False
+    return (runtime.capability(dev) or (0, 0)) >= (9, 0) and _triton_has_pdl()
+
+
+def launch_kw(device) -> dict:
+    """The launch keywords of a kernel that takes ``PDL``: the constexpr, and the attribute when on."""
+    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
+
+
+@contextlib.contextmanager
+def disabled():
+    """Launch without PDL inside this block (a CUDA graph captured here keeps plain launches)."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
+@triton.jit
+def pdl_release(PDL: tl.constexpr):
+    """Let the next kernel's programs be scheduled once every program here has passed this point."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Block until the kernels before this one have completed and their writes are visible."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Both, at a kernel's start: release the next kernel, then wait for the previous one."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
