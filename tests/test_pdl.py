@@ -52,7 +52,7 @@ def test_kernels_bitwise_with_and_without_pdl():
     for M in (1, 5):
         x = torch.randn(M, 2048, device="cuda", dtype=dt, generator=g)
         w = torch.randn(3000, 2048, device="cuda", dtype=dt, generator=g)
-        on, off = _both(lambda: linear_small(x, w))
+        on, off = _both(lambda x=x, w=w: linear_small(x, w))
         assert torch.equal(on, off)
     r = torch.randn(3, 512, device="cuda", dtype=dt, generator=g)
     d, nw = torch.randn_like(r), torch.randn(512, device="cuda", dtype=dt, generator=g)
@@ -67,7 +67,7 @@ def test_kernels_bitwise_with_and_without_pdl():
     wts = random_weights(cfg, seed=0, dtype=dt, device="cuda")
     for T in (1, 7, 200):  # decode kernels, then the grouped GEMM
         x = torch.randn(T, 256, device="cuda", dtype=dt, generator=g)
-        on, off = _both(lambda: moe(x, cfg, wts))
+        on, off = _both(lambda x=x: moe(x, cfg, wts))
         assert torch.equal(on, off), T
 
 

@@ -38,8 +38,8 @@ GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
 QUANT = {"ours_int8": "int8-channel", "ours_fp8": "fp8-channel"}
 QUANT_BATCHES = (1, 64)
 # In the order they run (each over every batch size): a spent budget skips the last ones first.
-CONTESTANTS = ("ours", "ours_no_pdl", "ours_cublas_sdpa", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph", "hf_grouped_mm",
-               "hf_batched_mm", "hf_eager", "hf_compile_static")
+CONTESTANTS = ("ours", "ours_no_pdl", "ours_cublas_sdpa", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph",
+               "hf_grouped_mm", "hf_batched_mm", "hf_eager", "hf_compile_static")
 
 
 def read_gbps() -> tuple[float, str]:
