@@ -14,7 +14,9 @@ Paths (``path=``):
               interpreter is for tests: it runs only when asked for with "triton" or "decode")
 ``tiles=`` pins the chosen path's tiles: a ``GemmConfig`` for "triton", a ``DecodeConfig`` for "decode"
 (a mismatch is a ValueError); unpinned, they come from the tile policy (:mod:`dispatch.kernels.tiles`).
-The router matmul and the shared expert run in torch on every path.
+The shared expert runs in torch on every path; so does the router matmul, except on the decode path on a GPU
+at <= 16 tokens (softmax routing): there it is the decode step's GEMV (``dense_gemv.linear_small``), one
+launch that programmatic dependent launch chains to its neighbours (``dispatch.kernels.pdl``).
 The kernel paths are ``torch.library`` ops: ``torch.compile`` traces through them, CUDA graphs capture
 them (no host sync), and a backward through them raises (train with path="torch").
 Bad ids and non-finite tokens: see :mod:`dispatch.kernels.checks` (``check_ids=True`` to raise).
@@ -27,6 +29,7 @@ from torch import nn
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.hf import config_from_hf, weights_from_hf
 from dispatch.kernels.checks import check_launch
+from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.routing import route
@@ -61,6 +64,17 @@ def _check_tiles(tiles, path: str, chosen: str) -> None:
         raise ValueError(f"tiles must match the path ({kinds}); {how}, got tiles={tiles!r}")
 
 
+def _router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights, chosen: str) -> torch.Tensor:
+    """logits_TE: :func:`linear_small` on the decode path on a GPU (<= 16 rows, softmax routing, router in
+    x's dtype; not while torch.compile traces), else :func:`dispatch.reference.router_logits`."""
+    r = w.router_EH
+    if chosen == "decode" and x_TH.is_cuda and cfg.scoring == "softmax" and x_TH.shape[0] <= MAX_ROWS \
+            and r.dtype == x_TH.dtype and r.stride(-1) == 1 and x_TH.stride(-1) == 1 \
+            and not torch.compiler.is_compiling():
+        return linear_small(x_TH, r)
+    return router_logits(x_TH, cfg, w)
+
+
 def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, check_ids: bool) -> torch.Tensor:
     """The layer on validated weights: x [T, H] or [B, S, H] → the same shape."""
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
@@ -77,7 +91,7 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
     _check_tiles(tiles, path, chosen)
     if x_TH.shape[0] == 0:
         return x.new_zeros(x.shape)
-    logits_TE = router_logits(x_TH, cfg, w)
+    logits_TE = _router_logits(x_TH, cfg, w, chosen)
     if chosen == "torch":
         weights_TK, ids_TK = route_reference(logits_TE, cfg, w.bias_E)
         y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI,

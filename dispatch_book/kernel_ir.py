@@ -71,6 +71,63 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     return compile_offline(fn, sig, {k: v for k, v in const.items() if k in sig}, **opts)
 
 
+FP32_PTRS = {"m_ptr", "l_ptr", "acc_ptr", "inv_ptr", "weights_ptr", "wts_ptr"}  # fp32 buffers by name
+FP32_ARGS = {"eps", "scale", "qk_scale", "scaling"}
+
+
+def _decode_step_kernels() -> list[tuple[str, object, dict]]:
+    """(name, kernel, constexprs) of every kernel a decode step launches with PDL (chapter 6)."""
+    from dispatch.engine import attention, fused, fused_moe
+    from dispatch.kernels import combine, dense_gemv, gemv_kernels, routing
+
+    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3)
+    return [
+        ("dense_gemv M=1", dense_gemv._dense_gemv_kernel,
+         dict(HAS_BIAS=False, DOT=False, PRECISION="tf32", BLOCK_N=4, BLOCK_K=2048, NUM_STAGES=1)),
+        ("dense_gemv M=2..16", dense_gemv._dense_gemv_kernel,
+         dict(HAS_BIAS=True, DOT=True, PRECISION="tf32", BLOCK_N=64, BLOCK_K=128, NUM_STAGES=3)),
+        ("add_rms", fused._add_rms_kernel, dict(HAS_D=True, BLOCK=2048)),
+        ("qk_rope", fused._qk_rope_kernel, dict(NORM=1, D=128, BLOCK_NH=16, BLOCK_KV=16)),
+        ("decode_attention", attention._decode_attn_kernel,
+         dict(D=128, BLOCK_G=16, BLOCK_S=64, PREC="tf32", PARTIALS=True)),
+        ("attention combine", attention._combine_kernel, dict(D=128, BLOCK_SP=16)),
+        ("route", routing._route_kernel, dict(K=8, SIGMOID=False, HAS_BIAS=False, RENORM=False, GROUPS=1,
+                                              GROUP_SIZE=64, TOPK_GROUP=1, BLOCK_T=1, BLOCK_E=64, BLOCK_K=8,
+                                              BLOCK_G=1)),
+        ("decode up", gemv_kernels._up_swiglu_kernel, dict(dec, BLOCK_I=32, BLOCK_H=256)),
+        ("decode down", gemv_kernels._down_kernel, dict(dec, BLOCK_HO=32, BLOCK_I=128)),
+        ("combine", combine._combine_kernel, dict(TOP_K=8, HAS_IDS=True, BLOCK_H=1024)),
+        ("router_topk", fused_moe._router_topk_kernel, dict(K=8, RENORM=False, BLOCK_E=64, BLOCK_H=128,
+                                                            BLOCK_K=8)),
+        ("down_combine", fused_moe._down_combine_kernel, dict(K=8, BLOCK_HO=8, BLOCK_I=256)),
+    ]
+
+
+def decode_step_pdl(target: int = 90) -> list[dict]:
+    """Each decode-step kernel compiled for sm_<target> with ``PDL=True``: how many
+    ``griddepcontrol`` wait / launch_dependents instructions its PTX holds (1 and 1 expected)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    rows = []
+    for name, fn, const in _decode_step_kernels():
+        if not hasattr(fn, "cache_key"):
+            raise RuntimeError("the kernels were defined for Triton's interpreter: set TRITON_INTERPRET=0 "
+                               "before dispatch is imported")
+        const = dict(const, PDL=True)
+        sig = {n: "constexpr" if n in const else ("*fp32" if n in FP32_PTRS else "*i32" if n in
+               ("ids_ptr", "pos_ptr") else "*bf16") if n.endswith("_ptr") else "fp32" if n in FP32_ARGS else "i32"
+               for n in fn.arg_names}
+        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+                           target=GPUTarget("cuda", target, 128), options={"num_warps": 4})
+        ptx = c.asm["ptx"]
+        rows.append({"kernel": name, "wait": ptx.count("griddepcontrol.wait"),
+                     "launch_dependents": ptx.count("griddepcontrol.launch_dependents")})
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m dispatch_book.kernel_ir", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,7 +135,11 @@ def main(argv=None) -> None:
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="one JSON list of the summaries instead of a table")
+    ap.add_argument("--pdl", action="store_true", help="the decode step's kernels: their griddepcontrol counts")
     a = ap.parse_args(argv)
+    if a.pdl:
+        print(json.dumps(decode_step_pdl(a.target)))
+        return
     opts, rows = dict(target=a.target, num_warps=a.warps, num_stages=a.stages), []
     for kind in ("up", "down"):
         for weights, w8a8, late in (("bf16", False, False), ("int8", False, True), ("int8", False, False),

@@ -42,3 +42,16 @@ def test_interpreted_kernels_are_refused_with_the_fix():
         pytest.skip("kernels compiled here")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
         kernel_ir.grouped("down")
+
+
+def test_decode_step_kernels_compile_with_pdl_for_sm90():
+    """Every kernel of the decode step compiles for sm_90 with PDL on (the interpreter never compiles:
+    a construct only the compiler refuses is caught here), with one wait and one launch_dependents."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-m", "dispatch_book.kernel_ir", "--pdl", "--target", "90"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rows) == 12
+    for r in rows:
+        assert r["wait"] == 1 and r["launch_dependents"] == 1, r

@@ -109,8 +109,10 @@ def _gemv_step(acc, w_NK, x_row, offs_k, mask_m, K, DOT: tl.constexpr, PRECISION
     """acc += this K step's x columns times its W tile (the x load comes after any PDL wait)."""
     x_MK = tl.load(x_row + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
     if DOT:
-        return tl.dot(x_MK, tl.trans(w_NK), acc, input_precision=PRECISION)
-    return acc + w_NK.to(tl.float32) * x_MK.to(tl.float32)  # x_MK is [1, BLOCK_K]: broadcast over W's rows
+        acc = tl.dot(x_MK, tl.trans(w_NK), acc, input_precision=PRECISION)
+    else:  # x_MK is [1, BLOCK_K]: broadcast over W's rows
+        acc += w_NK.to(tl.float32) * x_MK.to(tl.float32)
+    return acc
 
 
 @triton.jit
