@@ -19,7 +19,7 @@ from torch.library import custom_op
 
 from dispatch.kernels import pdl
 from dispatch.kernels.checks import check_launch, check_tensor, no_backward, via_op
-from dispatch.kernels.pdl import pdl_enter
+from dispatch.kernels.pdl import pdl_enter, pdl_exit
 
 
 @triton.jit
@@ -37,6 +37,7 @@ def _combine_kernel(out_ptr, ids_ptr, y_ptr, H, E, s_on, s_oh, s_it, s_ik, s_yt,
             row = tl.where((e >= 0) & (e < E), row, 0.0)  # select, never multiply: the row may be garbage
         acc += row
     tl.store(y_ptr + t * s_yt + offs * s_yh, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    pdl_exit(PDL)
 
 
 def _check_combine(out_NH, K, ids_TK, num_experts):
@@ -79,7 +80,7 @@ def combine_impl(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: i
     _combine_kernel[(T, triton.cdiv(H, block_h))](
         out_NH, ids_TK if ids_TK is not None else out_NH, y_TH, H, E, *out_NH.stride(), s_it, s_ik,
         *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4,
-        **pdl.launch_kw(out_NH.device))
+        **pdl.experts_kw(out_NH.device))
     return y_TH
 
 

@@ -10,7 +10,7 @@ present in ``ids_TK`` (``_slot_expert``) and the routed rows n = t·K + k sent t
 import triton
 import triton.language as tl
 
-from dispatch.kernels.pdl import pdl_enter
+from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _block_scales, _qdot
 
 
@@ -88,6 +88,7 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
             h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
             h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
             tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
+    pdl_exit(PDL)
 
 
 @triton.jit
@@ -124,3 +125,4 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                 acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
             out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
             tl.store(out, acc * w_M[:, None], mask=valid_M[:, None] & mask_o[None, :])
+    pdl_exit(PDL)

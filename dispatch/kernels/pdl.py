@@ -50,9 +50,18 @@ def enabled(device) -> bool:
     return (runtime.capability(dev) or (0, 0)) >= (9, 0) and _triton_has_pdl()
 
 
-def launch_kw(device) -> dict:
+def launch_kw(device, late: bool = False) -> dict:
     """The launch keywords of a kernel that takes ``PDL``: the constexpr, and the attribute when on."""
-    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
+    if not enabled(device):
+        return {"PDL": False}
+    return {"PDL": 2 if late else 1, "launch_pdl": True}
+
+
+def experts_kw(device) -> dict:  # PROBE: DISPATCH_PDL_EXPERTS = 1 (release at start), 2 (at end), 0 (off)
+    mode = os.environ.get("DISPATCH_PDL_EXPERTS", "1")
+    if mode == "0" or not enabled(device):
+        return {"PDL": False}
+    return {"PDL": int(mode), "launch_pdl": True}
 
 
 @contextlib.contextmanager
@@ -82,6 +91,15 @@ def pdl_wait(PDL: tl.constexpr):
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """Both, at a kernel's start: release the next kernel, then wait for the previous one."""
-    pdl_release(PDL)
+    """At a kernel's start: release the next kernel (``PDL`` 1/True; 2 releases in :func:`pdl_exit`),
+    then wait for the previous one."""
+    if PDL == 1:
+        pdl_release(PDL)
     pdl_wait(PDL)
+
+
+@triton.jit
+def pdl_exit(PDL: tl.constexpr):
+    """At a kernel's end: release the next kernel where ``PDL`` is 2 (late release)."""
+    if PDL == 2:
+        pdl_release(PDL)
