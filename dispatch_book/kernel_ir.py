@@ -73,6 +73,7 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
 
 FP32_PTRS = {"m_ptr", "l_ptr", "acc_ptr", "inv_ptr", "weights_ptr", "wts_ptr"}  # fp32 buffers by name
 FP32_ARGS = {"eps", "scale", "qk_scale", "scaling"}
+LATE = {"decode up", "decode down", "combine", "down_combine"}  # launched with launch_kw(late=True)
 
 
 def _decode_step_kernels() -> list[tuple[str, object, dict]]:
@@ -104,7 +105,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
 
 
 def decode_step_pdl(target: int = 90) -> list[dict]:
-    """Each decode-step kernel compiled for sm_<target> with ``PDL=True``: how many
+    """Each decode-step kernel compiled for sm_<target> with PDL as its launcher sets it: how many
     ``griddepcontrol`` wait / launch_dependents instructions its PTX holds (1 and 1 expected)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -116,7 +117,7 @@ def decode_step_pdl(target: int = 90) -> list[dict]:
         if not hasattr(fn, "cache_key"):
             raise RuntimeError("the kernels were defined for Triton's interpreter: set TRITON_INTERPRET=0 "
                                "before dispatch is imported")
-        const = dict(const, PDL=True)
+        const = dict(const, PDL=2 if name in LATE else 1)
         sig = {n: "constexpr" if n in const else ("*fp32" if n in FP32_PTRS else "*i32" if n in
                ("ids_ptr", "pos_ptr") else "*bf16") if n.endswith("_ptr") else "fp32" if n in FP32_ARGS else "i32"
                for n in fn.arg_names}

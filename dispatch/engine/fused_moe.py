@@ -28,7 +28,7 @@ from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton
 from dispatch.config import MoEConfig
 from dispatch.kernels import pdl
 from dispatch.kernels.gemv_kernels import _up_swiglu_kernel
-from dispatch.kernels.pdl import pdl_enter
+from dispatch.kernels.pdl import pdl_enter, pdl_exit
 
 
 @triton.jit
@@ -121,6 +121,7 @@ def _down_combine_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, y_ptr, E, H, I, s_de, s_
             acc += tl.sum(d * h[None, :], axis=1)
         y += acc * tl.where(ok, tl.load(w_ptr + k).to(tl.float32), 0.0)
     tl.store(y_ptr + offs_o, y.to(y_ptr.dtype.element_ty), mask=mask_o)
+    pdl_exit(PDL)
 
 
 def _decode_config(K, E, H, I, x):  # noqa: E741
@@ -156,11 +157,11 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tens
         ids_1K.stride(1), gate_up_E2IH.stride(0), gate_up_E2IH.stride(1), 0, 0, 0, h_KI.stride(0),
         SBR=1, SBC=1, QUANT=False, LATE_SCALE=False,  # unquantized weights; no scales
         BLOCK_M=16, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_1H.device))
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_1H.device, late=True))
     y_1H = torch.empty_like(x_1H)
     # one program per 8 rows of H (OLMoE: 256 programs, ~2 per SM), each streaming its rows of all K experts
     block_ho, block_i = (8, min(256, triton.next_power_of_2(I))) if x_1H.is_cuda else (16, cfg.block_id)
     _down_combine_kernel[(triton.cdiv(H, block_ho),)](
         h_KI, ids_1K, weights_1K, down_EHI, y_1H, E, H, I, down_EHI.stride(0), down_EHI.stride(1), h_KI.stride(0),
-        K=K, BLOCK_HO=block_ho, BLOCK_I=block_i, num_warps=4, **pdl.launch_kw(x_1H.device))
+        K=K, BLOCK_HO=block_ho, BLOCK_I=block_i, num_warps=4, **pdl.launch_kw(x_1H.device, late=True))
     return y_1H

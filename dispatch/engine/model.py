@@ -19,7 +19,9 @@ With ``decode_kernels`` (default: with ``fused``), a decode step of at most 16 r
 projections (QKV, O, lm_head) through :func:`dispatch.kernels.dense_gemv.linear_small` — a GEMV
 that streams the weights at a bandwidth cuBLAS does not reach at one row — and its attention
 through :func:`dispatch.engine.attention.decode_attention` (one launch over the static cache, no
-mask tensor); prefill keeps cuBLAS and SDPA.
+mask tensor); prefill keeps cuBLAS and SDPA. On sm_90+ the step's Triton kernels (these, the glue, the
+router GEMV and the decode experts) launch with programmatic dependent launch (:mod:`dispatch.kernels.pdl`):
+each one is scheduled while the one before it drains, so their launches and ramp-ups overlap.
 With ``fused_moe=True``, a softmax-routed MoE layer at batch 1 runs router + top-K as one kernel
 and the experts as two (:mod:`dispatch.engine.fused_moe`). Off by default: measured on an H200 it
 was slower than the library's three decode launches (501 vs 719 tokens/s at batch 1): its down

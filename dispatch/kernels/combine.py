@@ -80,7 +80,7 @@ def combine_impl(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: i
     _combine_kernel[(T, triton.cdiv(H, block_h))](
         out_NH, ids_TK if ids_TK is not None else out_NH, y_TH, H, E, *out_NH.stride(), s_it, s_ik,
         *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4,
-        **pdl.experts_kw(out_NH.device))
+        **pdl.launch_kw(out_NH.device, late=True))
     return y_TH
 
 

@@ -100,13 +100,13 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
         **g_const,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.experts_kw(x_TH.device))
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
     _down_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
         h_NI, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         dn.stride(0), dn.stride(1), *ds_strides, h_NI.stride(0), out_NH.stride(0), **d_const,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.experts_kw(x_TH.device))
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
     return out_NH
 
 
