@@ -184,6 +184,15 @@ def profiles(model, lean, B: int) -> list[dict]:
     engine.generate(torch.randint(2, model.config.vocab_size, (B, 16), generator=g).tolist(), 2)
     rows = [{"what": "ours, eager step", **step_profile(lambda: engine._step(B, True))},
             {"what": "ours, CUDA graph", **step_profile(lambda: engine._run_step(B, True))}]
+    # With PDL a kernel starts early and waits: its recorded time includes the wait, so the kinds of
+    # the graph above overlap. The same graph captured with plain launches attributes the time.
+    from dispatch.kernels import pdl
+
+    plain = Engine(lean, max_batch=B, max_seq=512)
+    with pdl.disabled():
+        plain.generate(torch.randint(2, model.config.vocab_size, (B, 16), generator=g).tolist(), 2)
+    rows.append({"what": "ours, CUDA graph, plain launches", **step_profile(lambda: plain._run_step(B, True))})
+    del plain
     if B == 1:  # the same graph unfused: glue as torch ops, the MoE layer in 5 launches
         unfused = Engine(LeanModel.from_hf(model, fused=False), max_batch=B, max_seq=512)
         unfused.generate(torch.randint(2, model.config.vocab_size, (B, 16), generator=g).tolist(), 2)
