@@ -192,7 +192,6 @@ def profiles(model, lean, B: int) -> list[dict]:
     with pdl.disabled():
         plain.generate(torch.randint(2, model.config.vocab_size, (B, 16), generator=g).tolist(), 2)
     rows.append({"what": "ours, CUDA graph, plain launches", **step_profile(lambda: plain._run_step(B, True))})
-    del plain
     if B == 1:  # the same graph unfused: glue as torch ops, the MoE layer in 5 launches
         unfused = Engine(LeanModel.from_hf(model, fused=False), max_batch=B, max_seq=512)
         unfused.generate(torch.randint(2, model.config.vocab_size, (B, 16), generator=g).tolist(), 2)
