@@ -15,7 +15,10 @@ def test_step_numbers_by_hand():
         {"contestant": "ours", "batch": 64, "bytes_per_step": 15.2e9, "pct_roofline": 69.6, "graph_step_ms": 4.553},
         {"contestant": "hf_graph", "batch": 1, "bytes_per_step": 1.0, "pct_roofline": 1.0}]}
     pdoc = {"rows": [_row(1, "ours, eager step", step=9000.0, **{"launch gaps": 7600.0}),
-                     _row(1, "ours, CUDA graph", experts=560.0, attention=160.0, **{"kernels per step": 231}),
+                     _row(1, "ours, CUDA graph", experts=790.0, attention=190.0, step=1020.0,
+                          **{"kernels per step": 231}),
+                     _row(1, "ours, CUDA graph, plain launches", experts=560.0, attention=160.0, step=1160.0,
+                          **{"launch gaps": 65.0}),
                      _row(1, "ours, CUDA graph, unfused", **{"norms, rope, elementwise": 1500.0}),
                      _row(1, "transformers step (dispatch experts), eager", **{"kernels per step": 1083}),
                      _row(64, "ours, CUDA graph", experts=5700.0, step=7400.0)]}
@@ -30,13 +33,17 @@ def test_step_numbers_by_hand():
     assert (n["b1_pct"], n["b64_pct"], n["b64_gb"]) == ("40%", "70%", "15 GB")
     assert n["hf_kernels"] == "1083"
     assert n["kernels"] == "231" and n["unfused_glue_ms"] == "1.50 ms"
+    # the kinds from the plain-launch graph (PDL's kernel times overlap), the step from both
+    assert n["sdpa_ms"] == "0.16 ms" and n["graph_step_us"] == "1020 µs" and n["plain_step_us"] == "1160 µs"
+    assert n["plain_gaps_us"] == "65 µs"
 
 
 def test_decode_kernel_numbers_by_hand():
     doc = {"rows": [{"contestant": "ours", "batch": 1, "decode_tok_s": 820.0},
                     {"contestant": "ours_cublas_sdpa", "batch": 1, "decode_tok_s": 725.0},
                     {"contestant": "ours", "batch": 64, "decode_tok_s": 14000.0},
-                    {"contestant": "ours_cublas_sdpa", "batch": 64, "error": "x"}]}
+                    {"contestant": "ours_cublas_sdpa", "batch": 64, "error": "x"},
+                    {"contestant": "ours_no_pdl", "batch": 1, "decode_tok_s": 800.0}]}
     sdoc = {"rows": [{"shape": f"{n} [8, 8] M={m}", "contestant": c, "median_ms": t}
                      for n in ("qkv", "o", "lm_head") for m in (1, 8)
                      for c, t in (("cublas", 0.010), ("ours", 0.008))]
@@ -45,5 +52,6 @@ def test_decode_kernel_numbers_by_hand():
     n = decode_kernel_numbers(doc, sdoc)
     assert (n["dk_b1_ours"], n["dk_b1_base"], n["dk_b1_x"]) == ("820", "725", "1.13×")  # 820 / 725
     assert "dk_b64_x" not in n  # the baseline row failed: nothing quoted
+    assert (n["pdl_b1_base"], n["pdl_b1_x"]) == ("800", "1.02×") and "pdl_b64_x" not in n  # 820 / 800
     assert n["gemv_qkv_ours"] == "8.0 µs" and n["gemv_o_cublas"] == "10.0 µs"
     assert (n["attn_ours"], n["attn_sdpa"]) == ("10.1 µs", "18.8 µs")

@@ -14,6 +14,9 @@ def step_numbers(doc: dict, pdoc: dict) -> dict[str, str]:
     ours = {r["batch"]: r for r in doc["rows"] if r["contestant"] == "ours"}
     prof = {(r["batch"], r["what"]): r for r in pdoc["rows"]}
     eager, graph = prof[1, "ours, eager step"], prof[1, "ours, CUDA graph"]
+    # with PDL the graph's kernels start early and wait, so their times overlap: the kinds come
+    # from the same graph captured with plain launches (where the recording has it)
+    kinds = prof.get((1, "ours, CUDA graph, plain launches"), graph)
     unfused = prof[1, "ours, CUDA graph, unfused"]
     gbps, K, E = doc["read_gbps"], oc.num_experts_per_tok, oc.num_experts
     expert_mb = K * 3 * oc.hidden_size * oc.intermediate_size * 2 / 1e6  # K experts' bf16 weights
@@ -26,18 +29,21 @@ def step_numbers(doc: dict, pdoc: dict) -> dict[str, str]:
         "b1_read_ms": ms(ours[1]["bytes_per_step"] / gbps / 1e3),
         "read_tbs": f"{gbps / 1e3:.2f} TB/s",
         "kernels": f"{graph['kernels per step']:.0f}",
+        "graph_step_us": f"{graph['step']:.0f} µs",
+        "plain_step_us": f"{kinds['step']:.0f} µs",
+        "plain_gaps_us": f"{kinds['launch gaps']:.0f} µs",
         "hf_kernels": f"{prof[1, 'transformers step (dispatch experts), eager']['kernels per step']:.0f}",
         "eager_ms": ms(eager["step"]),
         "work_ms": ms(eager["step"] - eager["launch gaps"]),
         "unfused_glue_ms": ms(unfused["norms, rope, elementwise"]),
         "unfused_kernels": f"{unfused['kernels per step']:.0f}",
-        "glue_ms": ms(graph["norms, rope, elementwise"]),
-        "experts_ms": ms(graph["experts"]),
-        "layer_us": f"{graph['experts'] / oc.num_hidden_layers:.0f} µs",
+        "glue_ms": ms(kinds["norms, rope, elementwise"]),
+        "experts_ms": ms(kinds["experts"]),
+        "layer_us": f"{kinds['experts'] / oc.num_hidden_layers:.0f} µs",
         "floor_us": f"{expert_mb * 1e3 / gbps:.0f} µs",
         "expert_mb": f"{expert_mb:.0f} MB",
-        "proj_ms": ms(graph["projections (GEMV/GEMM)"]),
-        "sdpa_ms": ms(graph["attention"]),
+        "proj_ms": ms(kinds["projections (GEMV/GEMM)"]),
+        "sdpa_ms": ms(kinds["attention"]),
         "b64_step_ms": f"{ours[64]['graph_step_ms']:.2f} ms",  # the race's step (random prompts)
         "b64_touched": f"{E * (1 - (1 - K / E) ** 64):.1f}",  # expected distinct experts of 64 tokens
         "E": str(E),
@@ -49,17 +55,19 @@ def step_numbers(doc: dict, pdoc: dict) -> dict[str, str]:
 
 def decode_kernel_numbers(doc: dict, sdoc: dict) -> dict[str, str]:
     """name → formatted value: the engine with its decode-step kernels (``ours``) against the same
-    engine on cuBLAS and SDPA (``ours_cublas_sdpa``) in ``doc`` (e2e), and the kernels alone in
+    engine on cuBLAS and SDPA (``ours_cublas_sdpa``, keys ``dk_``) and with plain launches
+    (``ours_no_pdl``, keys ``pdl_``) in ``doc`` (e2e), and the kernels alone in
     ``sdoc`` (step_kernels: µs of ours / the baseline per projection at one row, attention at
     batch 1 over 256 positions)."""
     tok = {(r["contestant"], r["batch"]): r["decode_tok_s"] for r in doc["rows"] if "decode_tok_s" in r}
     us = {(r["shape"], r["contestant"]): r["median_ms"] * 1e3 for r in sdoc["rows"] if "median_ms" in r}
     out = {}
-    for b in (1, 64, 256):
-        if ("ours", b) in tok and ("ours_cublas_sdpa", b) in tok:
-            out[f"dk_b{b}_ours"] = f"{tok['ours', b]:,.0f}"
-            out[f"dk_b{b}_base"] = f"{tok['ours_cublas_sdpa', b]:,.0f}"
-            out[f"dk_b{b}_x"] = f"{tok['ours', b] / tok['ours_cublas_sdpa', b]:.2f}×"
+    for b in (1, 8, 64, 256):  # against cuBLAS + SDPA (dk_), and against plain launches (pdl_)
+        for key, base in (("dk", "ours_cublas_sdpa"), ("pdl", "ours_no_pdl")):
+            if ("ours", b) in tok and (base, b) in tok:
+                out[f"{key}_b{b}_ours"] = f"{tok['ours', b]:,.0f}"
+                out[f"{key}_b{b}_base"] = f"{tok[base, b]:,.0f}"
+                out[f"{key}_b{b}_x"] = f"{tok['ours', b] / tok[base, b]:.2f}×"
     for name in ("qkv", "o", "lm_head"):
         shape = next(s for s, _ in us if s.startswith(f"{name} [") and s.endswith("M=1"))
         out[f"gemv_{name}_ours"] = f"{us[shape, 'ours']:.1f} µs"
