@@ -14,7 +14,7 @@ Paths (``path=``):
               interpreter is for tests: it runs only when asked for with "triton" or "decode")
 ``tiles=`` pins the chosen path's tiles: a ``GemmConfig`` for "triton", a ``DecodeConfig`` for "decode"
 (a mismatch is a ValueError); unpinned, they come from the tile policy (:mod:`dispatch.kernels.tiles`).
-The shared expert runs in torch on every path; so does the router matmul, except on the decode path on a GPU
+The shared expert runs in torch on every path; so does the router matmul, except on the kernel paths on a GPU
 at <= 16 tokens (softmax routing): there it is the decode step's GEMV (``dense_gemv.linear_small``), one
 launch that programmatic dependent launch chains to its neighbours (``dispatch.kernels.pdl``).
 The kernel paths are ``torch.library`` ops: ``torch.compile`` traces through them, CUDA graphs capture
@@ -64,11 +64,11 @@ def _check_tiles(tiles, path: str, chosen: str) -> None:
         raise ValueError(f"tiles must match the path ({kinds}); {how}, got tiles={tiles!r}")
 
 
-def _router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights, chosen: str) -> torch.Tensor:
-    """logits_TE: :func:`linear_small` on the decode path on a GPU (<= 16 rows, softmax routing, router in
-    x's dtype; not while torch.compile traces), else :func:`dispatch.reference.router_logits`."""
+def kernel_router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
+    """logits_TE for the kernel paths: :func:`linear_small` on a GPU (<= 16 rows, softmax routing,
+    router in x's dtype; not while torch.compile traces), else :func:`dispatch.reference.router_logits`."""
     r = w.router_EH
-    if chosen == "decode" and x_TH.is_cuda and cfg.scoring == "softmax" and x_TH.shape[0] <= MAX_ROWS \
+    if x_TH.is_cuda and cfg.scoring == "softmax" and x_TH.shape[0] <= MAX_ROWS \
             and r.dtype == x_TH.dtype and r.stride(-1) == 1 and x_TH.stride(-1) == 1 \
             and not torch.compiler.is_compiling():
         return linear_small(x_TH, r)
@@ -91,7 +91,7 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
     _check_tiles(tiles, path, chosen)
     if x_TH.shape[0] == 0:
         return x.new_zeros(x.shape)
-    logits_TE = _router_logits(x_TH, cfg, w, chosen)
+    logits_TE = router_logits(x_TH, cfg, w) if chosen == "torch" else kernel_router_logits(x_TH, cfg, w)
     if chosen == "torch":
         weights_TK, ids_TK = route_reference(logits_TE, cfg, w.bias_E)
         y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI,
@@ -164,9 +164,10 @@ class MoELayer(nn.Module):
     def route(self, x_TH: torch.Tensor):
         """(logits_TE, weights_TK fp32, ids_TK) of a [T, H] input, by this layer's path's router."""
         check_input(x_TH, self.cfg, self._w)
-        logits_TE = router_logits(x_TH, self.cfg, self._w)
         if pick_path(x_TH, self.path) == "torch":
+            logits_TE = router_logits(x_TH, self.cfg, self._w)
             return (logits_TE, *route_reference(logits_TE, self.cfg, self._w.bias_E))
+        logits_TE = kernel_router_logits(x_TH, self.cfg, self._w)
         return (logits_TE, *route(logits_TE, self.cfg, self._w.bias_E))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

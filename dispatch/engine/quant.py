@@ -76,9 +76,10 @@ class QuantLayer:
         self._dequantized = None
 
     def __call__(self, x_TH: torch.Tensor, path: str) -> torch.Tensor:
+        from dispatch.moe import kernel_router_logits
         from dispatch.reference import experts_reference, route_reference, router_logits, shared_reference
 
-        logits_TE = router_logits(x_TH, self.cfg, self.w)
+        logits_TE = (router_logits if path == "torch" else kernel_router_logits)(x_TH, self.cfg, self.w)
         if path == "torch":
             if self._dequantized is None:  # once: the CPU reference reads the dequantized weights
                 self._dequantized = self.qe.dequantize(x_TH.dtype)

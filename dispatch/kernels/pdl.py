@@ -49,12 +49,20 @@ def _triton_has_pdl() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def _hardware(index: int) -> bool:
+    """sm_90+ and a Triton that launches with PDL (read once per device: launchers ask on every call)."""
+    return torch.cuda.get_device_capability(index) >= (9, 0) and _triton_has_pdl()
+
+
 def enabled(device) -> bool:
     """Whether kernels on ``device`` launch with PDL now (see the module docstring for when not)."""
-    dev = torch.device(device)
-    if _off or runtime.INTERPRET or dev.type != "cuda" or os.environ.get("DISPATCH_PDL", "1") == "0":
+    if _off or runtime.INTERPRET or os.environ.get("DISPATCH_PDL", "1") == "0":
         return False
-    return (runtime.capability(dev) or (0, 0)) >= (9, 0) and _triton_has_pdl()
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    if dev.type != "cuda":
+        return False
+    return _hardware(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def launch_kw(device, late: bool = False) -> dict:
