@@ -5,11 +5,8 @@
 #   DISPATCH_GIT_COMMIT=<sha> dispatch_book/gpu/book_and_tests.sh "$OUT"
 # Writes $OUT/tests.log, $OUT/book_<budget>.log and $OUT/book_gpu.json (both budgets' rows).
 set -u
-OUT=${1:?usage: dispatch_book/gpu/book_and_tests.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/prelude.sh" "$@"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ -n "${DISPATCH_GIT_COMMIT:-}" ] || { echo "set DISPATCH_GIT_COMMIT=<commit of this tree>"; exit 2; }
 LIMIT=${LIMIT:-460}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 timeout "$LIMIT" python3 -m pytest tests -m gpu -q -p no:cacheprovider -rf > "$OUT/tests.log" 2>&1 &

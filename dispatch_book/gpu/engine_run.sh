@@ -5,12 +5,8 @@
 #   DISPATCH_GIT_COMMIT=<sha> dispatch_book/gpu/engine_run.sh "$OUT"
 # Writes $OUT/tests.log, $OUT/bench.log and $OUT/results/h200/{step_kernels,e2e,kernels}.json.
 set -u
-OUT=${1:?usage: dispatch_book/gpu/engine_run.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-[ -n "${DISPATCH_GIT_COMMIT:-}" ] || { echo "set DISPATCH_GIT_COMMIT=<commit of this tree>"; exit 2; }
-start=$(date +%s)
-left() { echo $(( ${TOTAL:-560} - ($(date +%s) - start) )); }
+TOTAL_DEFAULT=560  # seconds left() counts down from, unless TOTAL is set
+. "$(dirname "$0")/prelude.sh" "$@"
 if [ "${TESTS:-1}" = 1 ]; then  # TESTS=0: the tests ran in a call of their own
     timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_dense_gemv.py \
         tests/test_decode_attention.py tests/test_engine_gpu.py tests/test_pdl.py > "$OUT/tests.log" 2>&1

@@ -5,12 +5,8 @@
 # are measured first, on the idle GPU.
 #   DISPATCH_GIT_COMMIT=<sha> dispatch_book/gpu/final_run.sh "$OUT"
 set -u
-OUT=${1:?usage: dispatch_book/gpu/final_run.sh OUT_DIR}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-[ -n "${DISPATCH_GIT_COMMIT:-}" ] || { echo "set DISPATCH_GIT_COMMIT=<commit of this tree>"; exit 2; }
-start=$(date +%s)
-left() { echo $(( ${TOTAL:-560} - ($(date +%s) - start) )); }
-mkdir -p "$OUT"
+TOTAL_DEFAULT=560  # seconds left() counts down from, unless TOTAL is set
+. "$(dirname "$0")/prelude.sh" "$@"
 # the ceilings first, on an idle GPU: every "% of peak" of the book divides by them
 timeout 90 python3 -m dispatch_book.bench ceilings --out "$OUT/results" > "$OUT/bench.log" 2>&1
 tail -8 "$OUT/bench.log"

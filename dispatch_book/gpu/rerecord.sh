@@ -5,12 +5,8 @@
 #   DISPATCH_GIT_COMMIT=<sha> dispatch_book/gpu/rerecord.sh "$OUT"
 # Writes $OUT/results/h200/{routing_sort,decode}.json (commit them under results/h200/) and logs.
 set -u
-OUT=${1:?usage: dispatch_book/gpu/rerecord.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-[ -n "${DISPATCH_GIT_COMMIT:-}" ] || { echo "set DISPATCH_GIT_COMMIT=<commit of this tree>"; exit 2; }
-start=$(date +%s)
-left() { echo $(( ${TOTAL:-470} - ($(date +%s) - start) )); }
+TOTAL_DEFAULT=470  # seconds left() counts down from, unless TOTAL is set
+. "$(dirname "$0")/prelude.sh" "$@"
 timeout 120 python3 -m pytest tests -m gpu -q -p no:cacheprovider -rf -k "routing or sort or gemv or decode" \
     > "$OUT/tests.log" 2>&1
 tail -8 "$OUT/tests.log"
