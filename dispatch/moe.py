@@ -91,13 +91,12 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
     _check_tiles(tiles, path, chosen)
     if x_TH.shape[0] == 0:
         return x.new_zeros(x.shape)
-    logits_TE = router_logits(x_TH, cfg, w) if chosen == "torch" else kernel_router_logits(x_TH, cfg, w)
     if chosen == "torch":
-        weights_TK, ids_TK = route_reference(logits_TE, cfg, w.bias_E)
+        weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg, w.bias_E)
         y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI,
                                  check_ids=check_ids)
     else:
-        weights_TK, ids_TK = route(logits_TE, cfg, w.bias_E)
+        weights_TK, ids_TK = route(kernel_router_logits(x_TH, cfg, w), cfg, w.bias_E)
         experts = moe_decode if chosen == "decode" else moe_experts
         y_TH = experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=tiles, check_ids=check_ids)
     shared_TH = shared_reference(x_TH, cfg, w)
