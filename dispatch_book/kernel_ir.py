@@ -30,7 +30,7 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
     from triton.compiler import ASTSource
 
     names = list(signature)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] != "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] not in ("constexpr", "fp32")}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", target, 32 * (4 if target >= 90 else 1)),
                        options={"num_warps": num_warps, "num_stages": num_stages})
@@ -39,7 +39,9 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
             "mma": len(re.findall(r"warp_group_dot |tt\.dot |ttng\.tc_gen5_mma", ttgir)),
             "mma_waits_pending": [int(p) for p in re.findall(r"pendings = (\d+)", ttgir)],
             "shared_bytes": int(c.metadata.shared),
-            "spills": bool(re.search(r"\.local\s", ptx))}
+            "spills": bool(re.search(r"\.local\s", ptx)),
+            "pdl_waits": ptx.count("griddepcontrol.wait"),
+            "pdl_launches": ptx.count("griddepcontrol.launch_dependents")}
 
 
 def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale: bool = False,
@@ -107,10 +109,6 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
 def decode_step_pdl(target: int = 90) -> list[dict]:
     """Each decode-step kernel compiled for sm_<target> with PDL as its launcher sets it: how many
     ``griddepcontrol`` wait / launch_dependents instructions its PTX holds (1 and 1 expected)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     os.environ.setdefault("TRITON_INTERPRET", "0")
     rows = []
     for name, fn, const in _decode_step_kernels():
@@ -121,11 +119,8 @@ def decode_step_pdl(target: int = 90) -> list[dict]:
         sig = {n: "constexpr" if n in const else ("*fp32" if n in FP32_PTRS else "*i32" if n in
                ("ids_ptr", "pos_ptr") else "*bf16") if n.endswith("_ptr") else "fp32" if n in FP32_ARGS else "i32"
                for n in fn.arg_names}
-        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
-                           target=GPUTarget("cuda", target, 128), options={"num_warps": 4})
-        ptx = c.asm["ptx"]
-        rows.append({"kernel": name, "wait": ptx.count("griddepcontrol.wait"),
-                     "launch_dependents": ptx.count("griddepcontrol.launch_dependents")})
+        c = compile_offline(fn, sig, const, target=target, num_warps=4)
+        rows.append({"kernel": name, "wait": c["pdl_waits"], "launch_dependents": c["pdl_launches"]})
     return rows
 
 
