@@ -29,10 +29,20 @@ def test_bf16_loop_is_pipelined_on_sm90(rows, kind):
 
 def test_every_weight_format_compiles_for_sm90(rows):
     """bf16, int8 and fp8 codes (weight-only and w8a8): loads pipelined, no spills, within shared memory."""
-    assert len(rows) == 10
+    assert len(rows) == 14
     for s in rows.values():
         assert s["async_copies"] > 0 and s["mma"] >= 1 and not s["spills"], s
         assert s["shared_bytes"] <= 227 * 1024, s
+
+
+@pytest.mark.parametrize("kind", ["up", "down"])
+def test_quantized_loops_keep_an_mma_in_flight(rows, kind):
+    """Weight-first w8a16 (any scale block) and per-row w8a8 chain their MMAs like bf16; the
+    positive control: codes as the second operand with a scale per row wait for every MMA."""
+    for what in ("int8, scale per row, w first", "int8, scale per 128, w first", "fp8, scale per 128, w first",
+                 "fp8 × fp8, scale per row"):
+        assert max(rows[kind, what]["mma_waits_pending"]) >= 1, (what, rows[kind, what])
+    assert max(rows[kind, "int8, scale per row"]["mma_waits_pending"]) == 0
 
 
 def test_interpreted_kernels_are_refused_with_the_fix():

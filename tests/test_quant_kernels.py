@@ -14,9 +14,9 @@ from dispatch import quant, runtime
 from dispatch.config import MoEConfig, random_weights
 from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
-from dispatch.kernels.quant_kernels import _e4m3_round
+from dispatch.kernels.quant_kernels import _e4m3_round, fp8_rows
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
-from dispatch.quant.formats import FP8
+from dispatch.quant.formats import FP8, FP8_MAX, quantize_fp8_rows
 from dispatch.reference import experts_reference, route_reference
 
 SCHEMES = sorted(quant.SCHEMES)
@@ -93,6 +93,45 @@ def test_e4m3_round_matches_torch_conversion():
     assert torch.equal(out, v.to(FP8).float())
 
 
+def rows_case(M, K, seed=0, dev="cpu", dtype=torch.float32):
+    """Rows of mixed magnitudes, one all-zero row and one with a single huge entry."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    a = torch.randn(M, K, generator=g, device=dev) * torch.logspace(-3, 3, M, device=dev)[:, None]
+    if M > 2:
+        a[1] = 0.0
+        a[2, K // 2] = 3e4
+    return a.to(dtype)
+
+
+@pytest.mark.parametrize("M,K", [(1, 128), (37, 192), (16, 1000)])
+def test_fp8_rows_bitwise_twin(M, K):
+    """The w8a8 activation quantizer: codes (as values: the interpreter may write -0 as +0) and scales
+    bitwise the twin's (IEEE division in both);
+    a scale is amax / 448, an all-zero row gets 1e-30 / 448 and zero codes, |codes| <= 448."""
+    a = rows_case(M, K, seed=K)
+    q, s = fp8_rows(a)
+    q_t, s_t = quantize_fp8_rows(a)
+    assert q.dtype == FP8 and q.shape == (M, K) and s.shape == (M, -(-K // 128))
+    assert torch.equal(s, s_t) and torch.equal(q.float(), q_t.float())
+    assert torch.equal(s[:, 0], (a[:, :128].abs().amax(1).clamp_min(1e-30) / FP8_MAX))
+    assert q.float().abs().max() <= FP8_MAX
+    if M > 2:
+        assert not q[1].float().any() and q[2].float().abs().max() == FP8_MAX
+    strided = torch.cat([a, a], dim=1)[:, ::2]  # a non-contiguous view: copied, same answer
+    assert torch.equal(fp8_rows(strided)[1], quantize_fp8_rows(strided)[1])
+
+
+def test_fp8_rows_edges_and_bad_input():
+    q, s = fp8_rows(torch.zeros(0, 256))
+    assert q.shape == (0, 256) and s.shape == (0, 2)
+    for bad, match in ((torch.zeros(3, 4, 5), r"\[M, K\]"), (torch.zeros(3, 4, dtype=torch.int32), "floating"),
+                       ([1.0], "floating")):
+        with pytest.raises(ValueError, match=match):
+            fp8_rows(bad)
+    with pytest.raises(ValueError, match="group must be"):
+        fp8_rows(torch.zeros(2, 128), group=100)
+
+
 def test_empty_batch_and_bad_inputs():
     cfg = SHAPES[0]
     x, w, ids, qe = case(cfg, 3, "int8-channel")
@@ -145,6 +184,18 @@ def test_gpu_quant_kernels(scheme, cfg, T):
         y8 = moe_experts_quant(x, w, ids, qe, w8a8=True)
         assert rel(y8, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 2e-2
         assert rel(y8, twin) < 0.08
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_rows_bitwise_twin():
+    dev = torch.device("cuda")
+    if runtime.capability(dev) < (8, 9):
+        pytest.skip("fp8 e4m3 needs sm_89+")
+    for dt in (torch.float32, runtime.compute_dtype(dev)):
+        a = rows_case(300, 2048 + 64, seed=3, dev=dev, dtype=dt)
+        q, s = fp8_rows(a)
+        q_t, s_t = quantize_fp8_rows(a)
+        assert torch.equal(s, s_t) and torch.equal(q.view(torch.uint8), q_t.view(torch.uint8))
 
 
 @pytest.mark.parametrize("batch,seq", [(1, 3), (2, 40)], ids=["decode", "grouped"])

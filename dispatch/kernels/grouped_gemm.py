@@ -23,7 +23,7 @@ from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.grouped_kernels import _down_kernel, _down_tile, _swizzle, _up_swiglu_kernel, _up_tile  # noqa: F401
-from dispatch.kernels.quant_kernels import weight_operand
+from dispatch.kernels.quant_kernels import fp8_rows, weight_operand
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
 from dispatch.reference import swiglu
@@ -45,9 +45,13 @@ def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, sha
                           num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def _act(a: torch.Tensor, w8a8: bool) -> dict:
-    """Constexprs of the activations: fp8 on load (w8a8), pre-rounded to e4m3 under the interpreter."""
-    return dict(W8A8=w8a8, PRE_ROUND=w8a8 and tiles.interpreting(a.device))
+def _activations(a: torch.Tensor, w8a8: bool, quant: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(operand, its scales, their row stride): a itself (scales never read), or w8a8's fp8 rows:
+    one scale per token where the weights have one per row (``LATE_SCALE``), else per 128 columns."""
+    if not w8a8:
+        return a, a, 0
+    q, s = fp8_rows(a, None if quant["LATE_SCALE"] else 128)
+    return q, s, s.stride(0)
 
 
 def _check_routes(routes, n_rows: int, block_m: int | None = None):
@@ -93,10 +97,11 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
     P, B = routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
     w, s, s_strides, quant = weight_operand(gate_up_E2IH, H, w8a8)
-    args = (x_TH, w, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
-            *x_TH.stride(), *w.stride(), *h_PI.stride(), s, *s_strides)
+    a, a_s, s_as = _activations(x_TH, w8a8, quant)
+    args = (a, w, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
+            *a.stride(), *w.stride(), *h_PI.stride(), s, *s_strides, a_s, s_as)
     _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
-            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k, **quant, **_act(x_TH, w8a8))
+            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k, **quant, W8A8=w8a8)
     return h_PI
 
 
@@ -127,10 +132,11 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=h_PI.device, dtype=h_PI.dtype)
     w, s, s_strides, quant = weight_operand(down_EHI, I, w8a8)
-    args = (h_PI, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
-            *h_PI.stride(), *w.stride(), *out_NH.stride(), s, *s_strides)
+    a, a_s, s_as = _activations(h_PI, w8a8, quant)
+    args = (a, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
+            *a.stride(), *w.stride(), *out_NH.stride(), s, *s_strides, a_s, s_as)
     _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,
-            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device), **quant, **_act(h_PI, w8a8))
+            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device), **quant, W8A8=w8a8)
     return out_NH
 
 

@@ -7,17 +7,18 @@ One program = one (block of BLOCK_M sorted rows, column tile). The weights are b
 import triton
 import triton.language as tl
 
-from dispatch.kernels.quant_kernels import _block_scales, _qdot
+from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qacc, _qdot, _qout
 
 
 @triton.jit
 def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
              TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              EVEN_K: tl.constexpr, s_ptr, s_se, s_sr, s_sc, SBR: tl.constexpr, SBC: tl.constexpr,
-             QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, PRE_ROUND: tl.constexpr):
+             QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, as_ptr, s_as):
     """One output tile of the up kernel: block pid_b (expert e) × columns pid_n of h.
 
-    ``QUANT``: w_ptr holds 8-bit codes, s_ptr their fp32 scales (:mod:`dispatch.kernels.quant_kernels`)."""
+    ``QUANT``: w_ptr holds 8-bit codes, s_ptr their fp32 scales; ``W8A8``: x_ptr holds fp8 codes too,
+    as_ptr their scales (:mod:`dispatch.kernels.quant_kernels`)."""
     offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.load(rows_ptr + offs_m)
     valid_m = rows < N  # padding slots hold N
@@ -29,8 +30,8 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
     g_ptrs = w_ptr + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk      # [BK, BN]
     u_ptrs = g_ptrs + I * s_wn
     s_e = s_ptr + e * s_se  # this expert's scales (QUANT only)
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g = _qacc(BLOCK_M, BLOCK_N, WFIRST)
+    acc_u = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=valid_m[:, None], other=0.0)
@@ -43,14 +44,18 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
             bu = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         sg = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, s_sr, s_sc, SBR, SBC, QUANT)
         su = _block_scales(s_e, I + offs_n, k0 * BLOCK_K, mask_n, s_sr, s_sc, SBR, SBC, QUANT)
-        acc_g = _qdot(a, bg, sg, acc_g, QUANT, W8A8, LATE_SCALE, PRE_ROUND)
-        acc_u = _qdot(a, bu, su, acc_u, QUANT, W8A8, LATE_SCALE, PRE_ROUND)
+        sa = _act_scales(as_ptr, t, k0 * BLOCK_K, valid_m, s_as, W8A8)
+        acc_g = _qdot(a, sa, bg, sg, acc_g, QUANT, W8A8, LATE_SCALE, WFIRST)
+        acc_u = _qdot(a, sa, bu, su, acc_u, QUANT, W8A8, LATE_SCALE, WFIRST)
         a_ptrs += BLOCK_K * s_xh
         g_ptrs += BLOCK_K * s_wk
         u_ptrs += BLOCK_K * s_wk
-    if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
-        acc_g *= _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-        acc_u *= _block_scales(s_e, I + offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+    acc_g = _qout(acc_g, WFIRST)
+    acc_u = _qout(acc_u, WFIRST)
+    if LATE_SCALE:  # one scale per row (w8a8: and per token): applied once, before the SwiGLU
+        sa = _act_scales(as_ptr, t, 0, valid_m, s_as, W8A8)[:, None]
+        acc_g *= sa * _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+        acc_u *= sa * _block_scales(s_e, I + offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
     h = acc_g * tl.sigmoid(acc_g) * acc_u  # SwiGLU in fp32, in registers
     h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_n[None, :] * s_hi
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask_n[None, :])
@@ -74,25 +79,26 @@ def _swizzle(GROUP_M: tl.constexpr):
 
 @triton.jit
 def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET,
-                      s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi, s_ptr, s_se, s_sr, s_sc,
+                      s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi, s_ptr, s_se, s_sr, s_sc, as_ptr, s_as,
                       TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
-                      LATE_SCALE: tl.constexpr, PRE_ROUND: tl.constexpr):
+                      LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr):
     pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:  # blocks past the used ones do nothing
         _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                  s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                 s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, PRE_ROUND)
+                 s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as)
 
 
 @triton.jit
 def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi, s_we, s_wn, s_wk,
                s_on, s_oh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                EVEN_K: tl.constexpr, s_ptr, s_se, s_sr, s_sc, SBR: tl.constexpr, SBC: tl.constexpr,
-               QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, PRE_ROUND: tl.constexpr):
-    """One output tile of the down kernel: block pid_b (expert e) × columns pid_n of out (``QUANT``: codes)."""
+               QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, as_ptr, s_as):
+    """One output tile of the down kernel: block pid_b (expert e) × columns pid_n of out (``QUANT``,
+    ``W8A8`` as in the up kernel; as_ptr: the scales of h's slots)."""
     offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.load(rows_ptr + offs_m)
     valid_m = rows < N
@@ -102,7 +108,7 @@ def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, 
     a_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_k[None, :] * s_hi    # [BM, BK], slot order
     b_ptrs = w_ptr + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk      # [BK, BN]
     s_e = s_ptr + e * s_se
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     for k0 in range(0, tl.cdiv(I, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -112,11 +118,14 @@ def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, 
             a = tl.load(a_ptrs, mask=mask_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         s_n = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, s_sr, s_sc, SBR, SBC, QUANT)
-        acc = _qdot(a, b, s_n, acc, QUANT, W8A8, LATE_SCALE, PRE_ROUND)
+        sa = _act_scales(as_ptr, offs_m, k0 * BLOCK_K, valid_m, s_as, W8A8)
+        acc = _qdot(a, sa, b, s_n, acc, QUANT, W8A8, LATE_SCALE, WFIRST)
         a_ptrs += BLOCK_K * s_hi
         b_ptrs += BLOCK_K * s_wk
+    acc = _qout(acc, WFIRST)
     if LATE_SCALE:
-        acc *= _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+        sa = _act_scales(as_ptr, offs_m, 0, valid_m, s_as, W8A8)[:, None]
+        acc *= sa * _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
     wt = tl.load(wts_ptr + rows, mask=valid_m, other=0.0)  # routing weight of each row, fp32
     acc = acc * wt[:, None]
     o_ptrs = out_ptr + rows[:, None].to(tl.int64) * s_on + offs_n[None, :] * s_oh  # row n: written once
@@ -125,13 +134,13 @@ def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, 
 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_BUCKET,
-                 s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh, s_ptr, s_se, s_sr, s_sc,
+                 s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh, s_ptr, s_se, s_sr, s_sc, as_ptr, s_as,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  GROUP_M: tl.constexpr, SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr,
-                 W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, PRE_ROUND: tl.constexpr):
+                 W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr):
     pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:
         _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
                    s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                   s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, PRE_ROUND)
+                   s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as)

@@ -6,9 +6,11 @@ and dequantized in registers: the grouped GEMM's own kernels with ``QUANT=True``
 (:mod:`dispatch.kernels.quant_kernels`):
 
     w8a16  codes → x's dtype (exact), bf16/fp16 tensor cores, × the scale of each column's block
-    w8a8   fp8 e4m3 codes and activations quantized on load, one scale per token and 128 columns
-           (BLOCK_K = 128), fp8 tensor cores: twice the bf16 peak on an H100/H200 (sm_89+; under
-           the interpreter the activations are rounded to e4m3 in fp32 first: ``_e4m3_round``)
+    w8a8   fp8 e4m3 codes and activations quantized before each GEMM (``fp8_rows``): one scale per
+           token and 128 columns (BLOCK_K = 128) for block-scaled weights, one per token for
+           per-channel weights (then the scales are applied once, after the reduction); fp8
+           tensor cores: twice the bf16 peak on an H100/H200 (sm_89+; under the interpreter the
+           activations are rounded to e4m3 in fp32 first: ``_e4m3_round``)
 
 Plain-PyTorch twin: :func:`moe_experts_quant_torch` (per expert, fp32, the same activation rounding).
 """
@@ -89,5 +91,6 @@ def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts,
     gu, dn = stand_ins(x_TH, experts)
     check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn)
     gu_E2IH, down_EHI = experts.dequantize(torch.float32)
-    act = (lambda a: fp8_activations(a, W8A8_GROUP)) if w8a8 else None
+    group = None if experts.gate_up.block_cols >= experts.H else W8A8_GROUP  # per token, or per 128 columns
+    act = (lambda a: fp8_activations(a, group)) if w8a8 else None
     return by_expert_torch(x_TH, weights_TK, ids_TK, gu_E2IH, down_EHI, act=act, row_dtype=x_TH.dtype)

@@ -8,8 +8,9 @@ bf16, dequantized in registers, never in memory:
 
     w8a16  acc += (a @ codes) · scale_N        codes converted to a's dtype (exact: |int8| ≤ 127,
                                                e4m3 has 3 mantissa bits), bf16/fp16 tensor cores
-    w8a8   acc += (fp8(a / s_a) @ codes) · s_a · scale_N      fp8 tensor cores (sm_89+); s_a =
-                                               amax(row of the a chunk) / 448, per token and chunk
+    w8a8   acc += (a8 @ codes) · s_M · scale_N    a8, s_M: the activations quantized once before the
+                                               GEMM (``fp8_rows``: fp8 codes, one scale per token and
+                                               128 columns); fp8 tensor cores (sm_89+)
 
 A reduction chunk (BLOCK_K) never straddles two scale blocks (the launchers check it), so one scale
 per output column covers the whole chunk. Where one scale covers a whole row (per-channel schemes,
@@ -19,6 +20,8 @@ accumulation, one multiply per output.
 import torch
 import triton
 import triton.language as tl
+
+from dispatch.kernels import tiles
 
 _FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value (dispatch.quant.formats.FP8_MAX)
 
@@ -47,17 +50,53 @@ def _e4m3_round(v):
 
 
 @triton.jit
-def _qdot(a, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr,
-          PRE_ROUND: tl.constexpr):
-    """acc + a [M, K] @ w [K, N]: w itself (not QUANT), or codes q · s_N dequantized in registers."""
+def _act_scales(as_ptr, rows, k0, mask, s_as, W8A8: tl.constexpr):
+    """w8a8: the activation scale of each row in ``rows`` for the 128-column chunk at k0 (else 1s)."""
+    if W8A8:
+        s = tl.load(as_ptr + rows * s_as + k0 // 128, mask=mask, other=1.0)
+    else:
+        s = tl.full(rows.shape, 1.0, tl.float32)
+    return s
+
+
+@triton.jit
+def _qacc(BM: tl.constexpr, BN: tl.constexpr, WFIRST: tl.constexpr):
+    """The fp32 accumulator of a [BM, BN] tile: stored transposed, [BN, BM], in weight-first form."""
+    if WFIRST:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _qout(acc, WFIRST: tl.constexpr):
+    """The accumulator as [BM, BN], whichever form it was kept in."""
+    if WFIRST:
+        acc = tl.trans(acc)
+    return acc
+
+
+@triton.jit
+def _qdot(a, s_M, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr,
+          WFIRST: tl.constexpr):
+    """acc + a [M, K] @ w [K, N]: w itself (not QUANT), or codes q · s_N dequantized in registers;
+    W8A8: a is fp8 codes too, s_M their scales (one per row of this chunk, or of the row: LATE_SCALE).
+    WFIRST (w8a16): computes acc [N, M] += w.T @ a.T, the converted weights as the MMA's first
+    operand, which the tensor cores take straight from registers; block scales are multiplied
+    into that operand, so successive MMAs accumulate in place (asynchronously) as in bf16."""
     if QUANT:
         if W8A8:
-            af = a.to(tl.float32)
-            s_M = tl.maximum(tl.max(tl.abs(af), axis=1), 1e-30) / _FP8_MAX  # per token, this K chunk
-            af = tl.clamp(af / s_M[:, None], -_FP8_MAX, _FP8_MAX)
-            if PRE_ROUND:
-                af = _e4m3_round(af)
-            acc = acc + tl.dot(af.to(tl.float8e4nv), q) * (s_M[:, None] * s_N[None, :])
+            if LATE_SCALE:
+                acc = tl.dot(a, q, acc)  # one scale per token and per channel: applied after the reduction
+            else:
+                acc = acc + tl.dot(a, q) * (s_M[:, None] * s_N[None, :])  # fp8 × fp8 → fp32, both scales
+        elif WFIRST:
+            if LATE_SCALE:
+                acc = tl.dot(tl.trans(q.to(a.dtype)), tl.trans(a), acc)
+            else:  # dequantized into the operand (one rounding to a's dtype): the MMAs still chain
+                w = (q.to(tl.float32) * s_N[None, :]).to(a.dtype)
+                acc = tl.dot(tl.trans(w), tl.trans(a), acc)
         elif LATE_SCALE:
             acc = tl.dot(a, q.to(a.dtype), acc)  # the row's one scale is applied after the reduction
         else:
@@ -67,16 +106,72 @@ def _qdot(a, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: t
     return acc  # one return (Triton 3.6 compiles constexpr branches with a single exit)
 
 
+@triton.jit
+def _fp8_rows_kernel(a_ptr, q_ptr, s_ptr, M, K, GROUP, s_am, s_qm, s_sm,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRE_ROUND: tl.constexpr):
+    """Rows BLOCK_M·pid .. of a, column group program_id(1): s = amax / 448, codes fp8(a / s)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    rows = offs_m.to(tl.int64)[:, None]
+    k_lo = tl.program_id(1) * GROUP
+    k_hi = tl.minimum(k_lo + GROUP, K)
+    amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):  # pass 1: the group's amax
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows * s_am + offs_k[None, :], mask=mask_m[:, None] & (offs_k < k_hi)[None, :],
+                    other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(a.to(tl.float32)), axis=1))
+    s = tl.maximum(amax, 1e-30) / _FP8_MAX
+    for k0 in range(k_lo, k_hi, BLOCK_K):  # pass 2: the codes (the group is still in L1/L2)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = mask_m[:, None] & (offs_k < k_hi)[None, :]
+        a = tl.load(a_ptr + rows * s_am + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        v = tl.clamp(tl.math.div_rn(a, s[:, None]), -_FP8_MAX, _FP8_MAX)  # IEEE division, as the twin's
+        if PRE_ROUND:
+            v = _e4m3_round(v)
+        tl.store(q_ptr + rows * s_qm + offs_k[None, :], v.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + offs_m * s_sm + tl.program_id(1), s, mask=mask_m)
+
+
+def fp8_rows(a_MK: torch.Tensor, group: int | None = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations → fp8 e4m3 codes [M, K] and fp32 scales [M, ceil(K / group)], one per row and
+    ``group`` columns (None: one per row): what the w8a8 kernels read.
+    Twin: :func:`dispatch.quant.formats.quantize_fp8_rows`."""
+    if not isinstance(a_MK, torch.Tensor) or a_MK.dim() != 2 or not a_MK.is_floating_point():
+        raise ValueError(f"a must be a floating [M, K] tensor, got {getattr(a_MK, 'dtype', type(a_MK).__name__)} "
+                         f"{tuple(getattr(a_MK, 'shape', ()))}")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int)
+                              or group not in (32, 64) and (group < 128 or group % 128)):
+        raise ValueError(f"group must be 32, 64, a multiple of 128 columns or None (the whole row), got {group!r}")
+    a_MK = a_MK if a_MK.stride(-1) == 1 else a_MK.contiguous()
+    M, K = a_MK.shape
+    group = group or max(K, 1)
+    q = torch.empty(M, K, device=a_MK.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty(M, triton.cdiv(K, group), device=a_MK.device, dtype=torch.float32)
+    if M and K:
+        bm = 16
+        _fp8_rows_kernel[(triton.cdiv(M, bm), s.shape[1])](
+            a_MK, q, s, M, K, group, a_MK.stride(0), q.stride(0), s.stride(0), BLOCK_M=bm,
+            BLOCK_K=min(group, 128), PRE_ROUND=tiles.interpreting(a_MK.device))
+    return q, s
+
+
+# Whether w8a16 kernels multiply weight-first (:func:`_qdot`).
+WEIGHT_FIRST = True
+
+
 def weight_operand(w, k_cols: int, w8a8: bool = False):
     """What a kernel is given for its weight ``w`` (a tensor, or a ``dispatch.quant.QuantizedTensor``)
     reduced over ``k_cols`` columns: (weights or codes, scale tensor, its 3 strides, constexprs).
 
-    A plain tensor gets ``QUANT=False`` and itself as a never-read scale pointer."""
+    A plain tensor gets ``QUANT=False`` and itself as a never-read scale pointer. ``LATE_SCALE``: one
+    scale covers a whole row (then w8a8 quantizes activations per token, not per 128 columns)."""
     if w8a8 and getattr(getattr(w, "q", w), "dtype", None) != torch.float8_e4m3fn:
         raise ValueError("w8a8 multiplies fp8 by fp8: the weights must be fp8 e4m3 codes (a QuantizedTensor)")
     if isinstance(w, torch.Tensor):
         w = w if w.stride(-1) == 1 else w.contiguous()  # the kernels read along a contiguous last dim
-        return w, w, (0, 0, 0), dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False)
+        return w, w, (0, 0, 0), dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, WFIRST=False)
     q = w.q if w.q.stride(-1) == 1 else w.q.contiguous()
     return q, w.scale, tuple(w.scale.stride()), dict(
-        SBR=w.block_rows, SBC=w.block_cols, QUANT=True, LATE_SCALE=not w8a8 and w.block_cols >= k_cols)
+        SBR=w.block_rows, SBC=w.block_cols, QUANT=True, LATE_SCALE=w.block_cols >= k_cols,
+        WFIRST=WEIGHT_FIRST and not w8a8)

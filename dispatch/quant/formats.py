@@ -205,15 +205,24 @@ def quantize_experts(gate_up_E2IH: torch.Tensor, down_EHI: torch.Tensor, scheme:
                             quantize_tensor(down_EHI, scheme))
 
 
-def fp8_activations(a_MK: torch.Tensor, group: int = 128) -> torch.Tensor:
-    """a [M, K] rounded through fp8 e4m3 with one scale per row and ``group`` columns (fp32 out).
-
-    What the w8a8 kernels do to activations in registers: s = amax(row, group) / 448, fp8(a / s) · s.
-    """
+def quantize_fp8_rows(a_MK: torch.Tensor, group: int | None = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """a [M, K] → fp8 e4m3 codes [M, K] and fp32 scales [M, ceil(K / group)]: s = amax(row, group) / 448
+    (at least 1e-30 / 448), codes = fp8(a / s); ``group=None``: one scale per row.
+    Twin of :func:`dispatch.kernels.quant_kernels.fp8_rows`."""
     M, K = a_MK.shape
+    group = group or max(K, 1)
     G = -(-K // group)
     a = torch.zeros(M, G * group, dtype=torch.float32, device=a_MK.device)
     a[:, :K] = a_MK.float()
     a = a.view(M, G, group)
     s = a.abs().amax(dim=2, keepdim=True).clamp_min(1e-30) / FP8_MAX
-    return ((a / s).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * s).view(M, G * group)[:, :K]
+    q = (a / s).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(M, G * group)[:, :K].contiguous()
+    return q, s.view(M, G)
+
+
+def fp8_activations(a_MK: torch.Tensor, group: int | None = 128) -> torch.Tensor:
+    """a [M, K] rounded through fp8 e4m3 with one scale per row and ``group`` columns (fp32 out):
+    what the w8a8 kernels compute with, ``quantize_fp8_rows`` dequantized."""
+    M, K = a_MK.shape
+    q, s = quantize_fp8_rows(a_MK, group)
+    return q.float() * s.repeat_interleave(group or max(K, 1), dim=1)[:, :K]
