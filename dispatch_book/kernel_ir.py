@@ -45,7 +45,7 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
 
 
 def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale: bool = False,
-            weight_first: bool = True, block_m: int = 128, block_n: int = 128, block_k: int = 64,
+            weight_first: bool = False, block_m: int = 128, block_n: int = 128, block_k: int = 64,
             group_m: int = 8, **opts) -> dict:
     """The grouped GEMM's up (``kind="up"``) or down kernel as the launcher compiles it, with bf16
     activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales)."""
@@ -59,7 +59,7 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     quant = weights != "bf16"
     const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
-                 WFIRST=quant and not w8a8 and weight_first)
+                 WFIRST=quant and not w8a8 and not late_scale and weight_first)
     wtype = {"bf16": "*bf16", "int8": "*i8", "fp8": "*fp8e4nv"}[weights]
     sig = {}
     for n in fn.arg_names:
@@ -85,7 +85,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
     from dispatch.engine import attention, fused, fused_moe
     from dispatch.kernels import combine, dense_gemv, gemv_kernels, routing
 
-    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, WFIRST=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3)
+    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3)
     return [
         ("dense_gemv M=1", dense_gemv._dense_gemv_kernel,
          dict(HAS_BIAS=False, DOT=False, PRECISION="tf32", BLOCK_N=4, BLOCK_K=2048, NUM_STAGES=1)),
@@ -141,7 +141,7 @@ def main(argv=None) -> None:
     opts, rows = dict(target=a.target, num_warps=a.warps, num_stages=a.stages), []
     for kind in ("up", "down"):
         for weights, w8a8, late, first in (("bf16", False, False, False), ("int8", False, True, False),
-                                           ("int8", False, True, True), ("int8", False, False, True),
+                                           ("int8", False, False, False), ("int8", False, False, True),
                                            ("fp8", False, False, True), ("fp8", True, False, False),
                                            ("fp8", True, True, False)):
             if weights == "fp8" and a.target < 89:

@@ -37,12 +37,11 @@ def test_every_weight_format_compiles_for_sm90(rows):
 
 @pytest.mark.parametrize("kind", ["up", "down"])
 def test_quantized_loops_keep_an_mma_in_flight(rows, kind):
-    """Weight-first w8a16 (any scale block) and per-row w8a8 chain their MMAs like bf16; the
-    positive control: codes as the second operand with a scale per row wait for every MMA."""
-    for what in ("int8, scale per row, w first", "int8, scale per 128, w first", "fp8, scale per 128, w first",
-                 "fp8 × fp8, scale per row"):
+    """With block scales, weight-first w8a16 chains its MMAs like bf16 where scaling each chunk's
+    product waits for every MMA (the control); per-row w8a8 chains too (its scales come after)."""
+    for what in ("int8, scale per 128, w first", "fp8, scale per 128, w first", "fp8 × fp8, scale per row"):
         assert max(rows[kind, what]["mma_waits_pending"]) >= 1, (what, rows[kind, what])
-    assert max(rows[kind, "int8, scale per row"]["mma_waits_pending"]) == 0
+    assert max(rows[kind, "int8, scale per 128"]["mma_waits_pending"]) == 0
 
 
 def test_interpreted_kernels_are_refused_with_the_fix():

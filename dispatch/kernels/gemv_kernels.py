@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
-from dispatch.kernels.quant_kernels import _block_scales, _qacc, _qdot, _qout
+from dispatch.kernels.quant_kernels import _block_scales, _qdot
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M: tl.constex
 def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                       s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
-                      WFIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                       PDL: tl.constexpr):
     """h_NI[rows of e, i-tiles] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
@@ -69,8 +69,8 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
             mask_i = offs_i < I
             gate_ptr = gu_ptr + e.to(tl.int64) * s_ge + offs_i[None, :] * s_gi  # [1, BLOCK_I], H contiguous
             up_ptr = gate_ptr + I * s_gi
-            acc_g = _qacc(BLOCK_M, BLOCK_I, WFIRST)
-            acc_u = _qacc(BLOCK_M, BLOCK_I, WFIRST)
+            acc_g = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
             for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
                 offs_h = h0 + tl.arange(0, BLOCK_H)
                 mask_h = offs_h < H
@@ -80,10 +80,8 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                 u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
                 sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
                 su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-                acc_g = _qdot(x_MH, 1.0, g_HI, sg_I, acc_g, QUANT, False, LATE_SCALE, WFIRST)
-                acc_u = _qdot(x_MH, 1.0, u_HI, su_I, acc_u, QUANT, False, LATE_SCALE, WFIRST)
-            acc_g = _qout(acc_g, WFIRST)
-            acc_u = _qout(acc_u, WFIRST)
+                acc_g = _qdot(x_MH, 1.0, g_HI, sg_I, acc_g, QUANT, False, LATE_SCALE, False)
+                acc_u = _qdot(x_MH, 1.0, u_HI, su_I, acc_u, QUANT, False, LATE_SCALE, False)
             if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
                 acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
                 acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
@@ -97,7 +95,7 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
 def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                  s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on,
                  SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
-                 WFIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
     """out_NH[rows of e, h-tiles] = weight · (h @ down.T), in fp32; down rows streamed once.
 
@@ -115,15 +113,14 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
             offs_o = tile * BLOCK_HO + tl.arange(0, BLOCK_HO)
             mask_o = offs_o < H
             down_ptr = dn_ptr + e.to(tl.int64) * s_de + offs_o[None, :] * s_dh  # [1, BLOCK_HO], I contiguous
-            acc = _qacc(BLOCK_M, BLOCK_HO, WFIRST)
+            acc = tl.zeros([BLOCK_M, BLOCK_HO], dtype=tl.float32)
             for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
                 offs_i = i0 + tl.arange(0, BLOCK_I)
                 mask_i = offs_i < I
                 h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0)
                 d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
                 s_O = _block_scales(s_e, offs_o, i0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
-                acc = _qdot(h_MI, 1.0, d_IO, s_O, acc, QUANT, False, LATE_SCALE, WFIRST)
-            acc = _qout(acc, WFIRST)
+                acc = _qdot(h_MI, 1.0, d_IO, s_O, acc, QUANT, False, LATE_SCALE, False)
             if LATE_SCALE:
                 acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
             out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]

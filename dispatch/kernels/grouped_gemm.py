@@ -23,7 +23,7 @@ from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.grouped_kernels import _down_kernel, _down_tile, _swizzle, _up_swiglu_kernel, _up_tile  # noqa: F401
-from dispatch.kernels.quant_kernels import fp8_rows, weight_operand
+from dispatch.kernels.quant_kernels import fp8_rows, weight_first, weight_operand
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
 from dispatch.reference import swiglu
@@ -101,7 +101,8 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
     args = (a, w, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
             *a.stride(), *w.stride(), *h_PI.stride(), s, *s_strides, a_s, s_as)
     _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
-            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k, **quant, W8A8=w8a8)
+            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k, **quant, W8A8=w8a8,
+            WFIRST=weight_first(quant, w8a8))
     return h_PI
 
 
@@ -136,7 +137,8 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
     args = (a, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
             *a.stride(), *w.stride(), *out_NH.stride(), s, *s_strides, a_s, s_as)
     _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,
-            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device), **quant, W8A8=w8a8)
+            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device), **quant, W8A8=w8a8,
+            WFIRST=weight_first(quant, w8a8))
     return out_NH
 
 

@@ -34,17 +34,25 @@ from dispatch.quant.formats import FP8, QuantizedExperts, fp8_activations
 W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
 
 
-def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool) -> GemmConfig:
-    """Pinned tiles: the interpreter's small config on CPU; on a GPU BLOCK_N 64 (the scaled partial
-    products need a second accumulator's registers), BLOCK_K 128 for w8a8 (one activation scale per
-    chunk) else 64, pipeline stages shrunk to the device's shared memory (1-byte weight tiles)."""
+def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool, late: bool = False) -> GemmConfig:
+    """Pinned tiles (``late``: the weights have one scale per row). The interpreter's small config on
+    CPU; on a GPU, for blocks of 64+ rows the H200's winners at T = 4096: 128 columns, 8 warps, K
+    steps of 64 (w8a16, per row) or 128 (block scales, and w8a8); w8a8 with block scales keeps 64
+    columns (each chunk's scaled product needs a second accumulator's registers). Thinner blocks:
+    64 columns, 4 warps. Pipeline stages shrunk to the device's shared memory."""
     if tiles.interpreting(dev):
         return replace(tiles.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else tiles.INTERPRET_CONFIG
     bm = tiles.pick_block_m(T * K, E, dev)
-    cfg = GemmConfig(block_m=bm, block_n=64, block_k=W8A8_GROUP if w8a8 else 64, num_warps=8 if bm >= 64 else 4,
-                     num_stages=4)
+    bk = 64 if late and not w8a8 else W8A8_GROUP
+    if bm < 64:
+        cfg = GemmConfig(block_m=bm, block_n=64, block_k=W8A8_GROUP if w8a8 else 64, num_warps=4, num_stages=4)
+    elif w8a8 and not late:
+        cfg = GemmConfig(block_m=bm, block_n=64, block_k=bk, num_warps=8, num_stages=4)
+    else:
+        cfg = GemmConfig(block_m=bm, block_n=128, block_k=bk, num_warps=8, num_stages=4 if w8a8 else 3, group_m=8)
     budget = runtime.max_shared_bytes(dev) - tiles.HEADROOM
-    while cfg.num_stages > 1 and tiles.shared_bytes(cfg, 2, elt=1) + cfg.num_stages * bm * cfg.block_k > budget:
+    act_bytes = 1 if w8a8 else 2
+    while cfg.num_stages > 1 and cfg.num_stages * (bm * act_bytes + 2 * cfg.block_n) * cfg.block_k > budget:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
@@ -61,8 +69,9 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
                       config: GemmConfig | None = None, check_ids: bool = False) -> torch.Tensor:
     """:func:`dispatch.kernels.grouped_gemm.moe_experts` with quantized experts → y_TH [T, H].
 
-    ``w8a8``: fp8 activations too (per token and 128 columns), fp8 tensor cores; fp8 schemes on
-    sm_89+ only. ``config`` pins the tiles (BLOCK_K must fit the scale blocks; 128 for w8a8).
+    ``w8a8``: fp8 activations too (per token and 128 columns; per token with per-channel weights),
+    fp8 tensor cores; fp8 schemes on sm_89+ only. ``config`` pins the tiles (BLOCK_K must fit the
+    scale blocks; 128 for w8a8 with block scales).
     Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
     """
     gu, dn = stand_ins(x_TH, experts)
@@ -72,8 +81,9 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     if T == 0:
         return x_TH.new_zeros(0, H)
     check_launch("moe_experts_quant", x_TH)
-    cfg = config or default_quant_config(T, K, E, x_TH.device, w8a8)
-    if w8a8 and cfg.block_k != W8A8_GROUP:
+    late = experts.gate_up.block_cols >= H and experts.down.block_cols >= I
+    cfg = config or default_quant_config(T, K, E, x_TH.device, w8a8, late)
+    if w8a8 and not late and cfg.block_k != W8A8_GROUP:
         raise ValueError(f"w8a8 scales activations per {W8A8_GROUP} columns: block_k must be {W8A8_GROUP}, "
                          f"got {cfg.block_k}")
     check_chunk("block_k", cfg.block_k, experts.gate_up)

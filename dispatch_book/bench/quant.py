@@ -37,7 +37,7 @@ SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
 QUICK_SHAPES = ("olmoe-1b-7b", "mixtral-8x7b")
 QUICK_TOKENS = (1, 8, 64, 4096, 16384)
-QUICK_SCHEMES = ("int8-channel", "fp8-block128")
+QUICK_SCHEMES = ("int8-channel", "fp8-block128", "fp8-channel")
 TWIN_TOL = 2e-2  # ‖kernel − twin‖ / ‖twin‖ in bf16
 QUANT_TOL = {"int8": 3e-2, "fp8": 8e-2, "w8a8": 0.1}  # ‖quantized − bf16‖ / ‖bf16‖
 
