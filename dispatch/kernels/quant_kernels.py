@@ -78,55 +78,56 @@ def _qout(acc, WFIRST: tl.constexpr):
 
 
 @triton.jit
-def _qdot(a, s_M, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr,
-          WFIRST: tl.constexpr):
-    """acc + a [M, K] @ w [K, N]: w itself (not QUANT), or codes q · s_N dequantized in registers;
-    W8A8: a is fp8 codes too, s_M their scales (one per row of this chunk, or of the row: LATE_SCALE).
-    WFIRST (w8a16, block scales): acc [N, M] += w.T @ a.T with the scales multiplied into w, the
-    MMA's first operand, which the tensor cores take straight from registers: successive MMAs
-    accumulate in place (asynchronously) as in bf16, instead of waiting to scale each product."""
+def _qdot(a, s_M, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr,
+          LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr):
+    """acc + a [M, K] @ w [K, N]: w itself (not QUANT), or codes q · s_N.
+
+    W8A8: a holds fp8 codes, s_M their scales. WFIRST: acc is [N, M]."""
     if QUANT:
         if W8A8:
             if LATE_SCALE:
-                acc = tl.dot(a, q, acc)  # one scale per token and per channel: applied after the reduction
+                acc = tl.dot(a, q, acc)  # fp8 × fp8; scales after the loop
             else:
-                acc = acc + tl.dot(a, q) * (s_M[:, None] * s_N[None, :])  # fp8 × fp8 → fp32, both scales
-        elif WFIRST:  # block scales: dequantized into the operand (one rounding to a's dtype)
-            w = (q.to(tl.float32) * s_N[None, :]).to(a.dtype)
-            acc = tl.dot(tl.trans(w), tl.trans(a), acc)
+                acc = acc + tl.dot(a, q) * (s_M[:, None] * s_N[None, :])
+        elif WFIRST:
+            w = (q.to(tl.float32) * s_N[None, :]).to(a.dtype)  # scaled operand
+            acc = tl.dot(tl.trans(w), tl.trans(a), acc)  # acc.T += w.T @ a.T
         elif LATE_SCALE:
-            acc = tl.dot(a, q.to(a.dtype), acc)  # the row's one scale is applied after the reduction
+            acc = tl.dot(a, q.to(a.dtype), acc)  # its scale: after the loop
         else:
             acc = acc + tl.dot(a, q.to(a.dtype)) * s_N[None, :]
     else:
-        acc = tl.dot(a, q, acc)  # unquantized weights: exactly the plain kernel's dot
-    return acc  # one return (Triton 3.6 compiles constexpr branches with a single exit)
+        acc = tl.dot(a, q, acc)  # unquantized: the plain kernel's dot
+    return acc  # one exit (as Triton 3.6 compiles constexpr branches)
 
 
 @triton.jit
 def _fp8_rows_kernel(a_ptr, q_ptr, s_ptr, M, K, GROUP, s_am, s_qm, s_sm,
-                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRE_ROUND: tl.constexpr):
-    """Rows BLOCK_M·pid .. of a, column group program_id(1): s = amax / 448, codes fp8(a / s)."""
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PRE_ROUND: tl.constexpr):
+    """Rows of a, column group program_id(1): s = amax / 448, codes fp8(a / s)
+    (an IEEE division, div_rn: bitwise the twin's)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    rows = offs_m.to(tl.int64)[:, None]
+    a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * s_am
+    q_rows = q_ptr + offs_m.to(tl.int64)[:, None] * s_qm
     k_lo = tl.program_id(1) * GROUP
     k_hi = tl.minimum(k_lo + GROUP, K)
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):  # pass 1: the group's amax
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rows * s_am + offs_k[None, :], mask=mask_m[:, None] & (offs_k < k_hi)[None, :],
-                    other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(a.to(tl.float32)), axis=1))
+        mask = mask_m[:, None] & (offs_k < k_hi)[None, :]
+        a = tl.load(a_rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(a), axis=1))
     s = tl.maximum(amax, 1e-30) / _FP8_MAX
-    for k0 in range(k_lo, k_hi, BLOCK_K):  # pass 2: the codes (the group is still in L1/L2)
+    for k0 in range(k_lo, k_hi, BLOCK_K):  # pass 2: the codes
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask = mask_m[:, None] & (offs_k < k_hi)[None, :]
-        a = tl.load(a_ptr + rows * s_am + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-        v = tl.clamp(tl.math.div_rn(a, s[:, None]), -_FP8_MAX, _FP8_MAX)  # IEEE division, as the twin's
+        a = tl.load(a_rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        v = tl.clamp(tl.math.div_rn(a, s[:, None]), -_FP8_MAX, _FP8_MAX)
         if PRE_ROUND:
             v = _e4m3_round(v)
-        tl.store(q_ptr + rows * s_qm + offs_k[None, :], v.to(tl.float8e4nv), mask=mask)
+        tl.store(q_rows + offs_k[None, :], v.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + offs_m * s_sm + tl.program_id(1), s, mask=mask_m)
 
 
