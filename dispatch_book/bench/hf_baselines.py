@@ -65,3 +65,24 @@ def unavailable_reason(implementation: str, device: torch.device, dtype: torch.d
                                                or hasattr(torch, "_grouped_mm")):
         return "this torch has no grouped_mm (transformers falls back to a loop)"
     return None
+
+
+def fp8_experts(qe):
+    """transformers' own fine-grained fp8 experts (``FP8Experts``, 128 × 128 weight blocks,
+    activations quantized per token and 128 columns) holding our fp8-block128 codes and scales:
+    its loop over the experts hit, each projection through transformers' fp8 linear, which runs
+    DeepGEMM or the ``kernels-community/finegrained-fp8`` Triton kernel — both fetched from the
+    Hugging Face Hub by the ``kernels`` package on first use. Call as ``mod(x, ids, weights)``."""
+    if qe.scheme != "fp8-block128":
+        raise ValueError(f"transformers' fp8 experts store 128x128 blocks: fp8-block128, got {qe.scheme}")
+    from transformers import OlmoeConfig
+    from transformers.integrations.finegrained_fp8 import FP8Experts
+
+    cfg = OlmoeConfig(hidden_size=qe.H, intermediate_size=qe.I, num_experts=qe.E, num_experts_per_tok=1,
+                      hidden_act="silu")
+    with torch.device("meta"):
+        mod = FP8Experts(cfg, block_size=(128, 128))
+    for name, t in (("gate_up_proj", qe.gate_up), ("down_proj", qe.down)):  # their scale_inv: w = q · s
+        setattr(mod, name, torch.nn.Parameter(t.q, requires_grad=False))
+        setattr(mod, name + "_scale_inv", torch.nn.Parameter(t.scale, requires_grad=False))
+    return mod

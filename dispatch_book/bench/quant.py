@@ -11,6 +11,8 @@ for each token count one routing (softmax top-K of random logits) is given to ev
 
     T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme
     T > 64   bf16 ``moe_experts`` vs  ``moe_experts_quant`` w8a16 per scheme, and w8a8 (fp8 schemes)
+    any T    ``hf_fp8``: transformers' own fp8 experts on the fp8-block128 codes, where it runs
+             (it fetches its kernels from the Hugging Face Hub: offline, the reason is recorded)
 
 Every call is replayed from a CUDA graph. Bandwidth counts the bytes actually stored: distinct
 experts used × (codes + scales) for the quantized ones, × 3·H·I·2 for bf16, over the device's HBM
@@ -21,6 +23,7 @@ recorded: every scheme's exact expert bytes per layer, and the per-layer error o
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 
@@ -32,6 +35,7 @@ from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.reference import route_reference
 from dispatch_book import bench
+from dispatch_book.bench import hf_baselines
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
@@ -54,20 +58,24 @@ def graph_time(fn) -> dict:
 
 
 def contestants(T, x, w_TK, ids, gu, dn, qes):
-    """name → (fn, twin or None, error family) for this token count."""
+    """name → (fn, twin or None, error family) for this token count. ``hf_fp8`` (transformers' own
+    fp8 experts on the fp8-block128 codes) has no twin: it is checked against bf16 only."""
     if T <= 64:
         out = {"bf16": (lambda: moe_decode(x, w_TK, ids, gu, dn), None, None)}
         for s, qe in qes.items():
             out[s] = (lambda q=qe: moe_decode_quant(x, w_TK, ids, q),
                       lambda q=qe: moe_decode_quant_torch(x, w_TK, ids, q), s.split("-")[0])
-        return out
-    out = {"bf16": (lambda: moe_experts(x, w_TK, ids, gu, dn), None, None)}
-    for s, qe in qes.items():
-        out[s] = (lambda q=qe: moe_experts_quant(x, w_TK, ids, q),
-                  lambda q=qe: moe_experts_quant_torch(x, w_TK, ids, q), s.split("-")[0])
-        if s.startswith("fp8"):
-            out[s + "+w8a8"] = (lambda q=qe: moe_experts_quant(x, w_TK, ids, q, w8a8=True),
-                                lambda q=qe: moe_experts_quant_torch(x, w_TK, ids, q, w8a8=True), "w8a8")
+    else:
+        out = {"bf16": (lambda: moe_experts(x, w_TK, ids, gu, dn), None, None)}
+        for s, qe in qes.items():
+            out[s] = (lambda q=qe: moe_experts_quant(x, w_TK, ids, q),
+                      lambda q=qe: moe_experts_quant_torch(x, w_TK, ids, q), s.split("-")[0])
+            if s.startswith("fp8"):
+                out[s + "+w8a8"] = (lambda q=qe: moe_experts_quant(x, w_TK, ids, q, w8a8=True),
+                                    lambda q=qe: moe_experts_quant_torch(x, w_TK, ids, q, w8a8=True), "w8a8")
+    if "fp8-block128" in qes:
+        build = functools.cache(lambda: hf_baselines.fp8_experts(qes["fp8-block128"]))
+        out["hf_fp8"] = (lambda: build()(x, ids, w_TK.to(x.dtype)), None, "w8a8")
     return out
 
 
@@ -97,23 +105,32 @@ def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=pr
             fns = contestants(T, x, w_TK, ids, gu, dn, qes)
             y_bf16 = fns["bf16"][0]()
             for cname, (fn, twin, family) in fns.items():
-                y = fn()
+                try:
+                    y = fn()
+                except Exception as e:  # noqa: BLE001 - transformers' paths: e.g. no Hub access
+                    if not cname.startswith("hf_"):
+                        raise
+                    row["contestants"][cname] = {"skipped": f"{type(e).__name__}: {e}"[:300]}
+                    continue
                 r = {}
-                if twin is not None:
-                    r["rel_err_twin"] = bench.rel_err(y, twin())
+                if family is not None:
                     r["rel_err_bf16"] = bench.rel_err(y, y_bf16)
-                    if r["rel_err_twin"] > TWIN_TOL or r["rel_err_bf16"] > QUANT_TOL[family]:
+                    if twin is not None:
+                        r["rel_err_twin"] = bench.rel_err(y, twin())
+                    if r.get("rel_err_twin", 0.0) > TWIN_TOL or r["rel_err_bf16"] > QUANT_TOL[family]:
                         raise AssertionError(f"{cname} is wrong on {name} T={T}: {r}")
                 r.update(timer(fn))
                 nbytes = uniq * per_expert[cname.split("+")[0]]
                 r.update(bytes_read=nbytes, pct_read_bw=100 * nbytes / (r["median_ms"] * 1e-3) / read_bps)
                 row["contestants"][cname] = r
         base = row["contestants"]["bf16"]["median_ms"]
-        for r in row["contestants"].values():
+        timed = {k: v for k, v in row["contestants"].items() if "median_ms" in v}
+        for r in timed.values():
             r["speedup_vs_bf16"] = base / r["median_ms"]
         rows.append(row)
         log(f"{name:16s} T={T:5d} " + " ".join(f"{k} {v['median_ms'] * 1e3:8.1f}us ({v['speedup_vs_bf16']:.2f}x, "
-                                               f"{v['pct_read_bw']:.0f}%)" for k, v in row["contestants"].items()))
+                                               f"{v['pct_read_bw']:.0f}%)" for k, v in timed.items())
+            + "".join(f" {k} skipped ({v['skipped']})" for k, v in row["contestants"].items() if k not in timed))
         del x
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -141,7 +158,10 @@ def figure(doc: dict):
     for j, shape in enumerate(shapes):
         rows = [r for r in doc["rows"] if r["shape"] == shape]
         for name in names:
-            pts = [(r["tokens"], r["contestants"][name]) for r in rows if name in r["contestants"]]
+            pts = [(r["tokens"], r["contestants"][name]) for r in rows
+                   if "median_ms" in r["contestants"].get(name, {})]
+            if not pts:
+                continue  # a contestant that never ran (its reason is recorded in the rows)
             style = dict(marker="o", ms=3, label=name, ls="--" if "w8a8" in name else "-")
             axes[0, j].plot([t for t, _ in pts], [c["speedup_vs_bf16"] for _, c in pts], **style)
             dec = [(t, c) for t, c in pts if t <= 64]
