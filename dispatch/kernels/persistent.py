@@ -34,7 +34,7 @@ def _up_persistent_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, nblocks_ptr, 
         e = tl.load(bexp_ptr + pid_b).to(tl.int64)
         gg._up_tile(pid_b, tile // nb, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                     s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                    w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0)  # unquantized weights (QUANT=False)
+                    w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0)
 
 
 @triton.jit

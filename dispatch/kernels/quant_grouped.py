@@ -36,10 +36,12 @@ W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
 
 def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool, late: bool = False) -> GemmConfig:
     """Pinned tiles (``late``: the weights have one scale per row). The interpreter's small config on
-    CPU; on a GPU, for blocks of 64+ rows the H200's winners at T = 4096: 128 columns, 8 warps, K
-    steps of 64 (w8a16, per row) or 128 (block scales, and w8a8); w8a8 with block scales keeps 64
-    columns (each chunk's scaled product needs a second accumulator's registers). Thinner blocks:
-    64 columns, 4 warps. Pipeline stages shrunk to the device's shared memory."""
+    CPU. On a GPU, blocks of 64+ rows: w8a16 the best of a sweep on an H200 (OLMoE, T = 4096):
+    128 columns, 8 warps, 3 stages, K steps of 64 (per row) or 128 (block scales, weight-first);
+    w8a8 with block scales 64 columns (each chunk's scaled product needs a second accumulator's
+    registers; 128 columns measured 2× slower); w8a8 per row, not swept, bf16's large-T tile with
+    the same bytes a stage (128 columns, K steps of 128, 4 stages). Thinner blocks: 64 columns,
+    4 warps. Pipeline stages shrunk to the device's shared memory."""
     if tiles.interpreting(dev):
         return replace(tiles.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else tiles.INTERPRET_CONFIG
     bm = tiles.pick_block_m(T * K, E, dev)
