@@ -64,3 +64,22 @@ def test_decode_step_kernels_compile_with_pdl_for_sm90():
     assert len(rows) == 12
     for r in rows:
         assert r["wait"] == 1 and r["launch_dependents"] == 1, r
+
+
+def test_fp8_rows_compiles_for_sm90():
+    """The w8a8 activation quantizer, with and without the used-block bound, compiles for sm_90."""
+    script = r'''
+from dispatch_book.kernel_ir import compile_offline
+from dispatch.kernels import quant_kernels as q
+ptrs = dict(a_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", used_ptr="*i32")
+sig = {n: ptrs.get(n, "constexpr" if n.isupper() and n not in ("M", "K", "GROUP") else "i32")
+       for n in q._fp8_rows_kernel.arg_names}
+for used in (0, 128):
+    s = compile_offline(q._fp8_rows_kernel, sig, dict(BLOCK_M=16, BLOCK_K=128, USED=used, PRE_ROUND=False),
+                        num_warps=4, num_stages=1)
+    assert not s["spills"], s
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

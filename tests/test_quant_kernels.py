@@ -4,6 +4,8 @@ On CPU every path runs under Triton's interpreter (int8 and fp8 codes; fp8 w8a8 
 activations pre-rounded to e4m3 in fp32, see ``quant_kernels._e4m3_round``); `-m gpu` runs the
 compiled kernels in bf16 (fp8 on sm_89+).
 """
+import warnings
+
 import pytest
 import torch
 import triton
@@ -119,6 +121,21 @@ def test_fp8_rows_bitwise_twin(M, K):
         assert not q[1].float().any() and q[2].float().abs().max() == FP8_MAX
     strided = torch.cat([a, a], dim=1)[:, ::2]  # a non-contiguous view: copied, same answer
     assert torch.equal(fp8_rows(strided)[1], quantize_fp8_rows(strided)[1])
+
+
+def test_fp8_rows_used_blocks_only():
+    """Given the sort's used-block count (on the device), only those blocks' rows are touched: rows
+    after them may hold anything (here NaN) and are neither read nor written."""
+    a = rows_case(40, 256, seed=5)
+    a[32:] = float("nan")  # the unwritten slots of unused blocks
+    used = torch.tensor([2], dtype=torch.int32)  # 2 blocks of 16 rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the interpreter warns on NaN / NaN: a NaN row was read
+        q, s = fp8_rows(a, used_blocks_1=used, block_rows=16)
+    q_t, s_t = quantize_fp8_rows(a[:32])
+    assert torch.equal(s[:32], s_t) and torch.equal(q[:32].float(), q_t.float())
+    with pytest.raises(ValueError, match="used_blocks_1 must be"):
+        fp8_rows(a, used_blocks_1=used.long(), block_rows=16)
 
 
 def test_fp8_rows_edges_and_bad_input():

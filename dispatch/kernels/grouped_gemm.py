@@ -45,12 +45,13 @@ def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, sha
                           num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def _activations(a: torch.Tensor, w8a8: bool, quant: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _activations(a: torch.Tensor, w8a8: bool, quant: dict, **used) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(operand, its scales, their row stride): a itself (scales never read), or w8a8's fp8 rows:
-    one scale per token where the weights have one per row (``LATE_SCALE``), else per 128 columns."""
+    one scale per token where the weights have one per row (``LATE_SCALE``), else per 128 columns;
+    ``used``: h's slots in used blocks only (``fp8_rows``' used_blocks_1, block_rows)."""
     if not w8a8:
         return a, a, 0
-    q, s = fp8_rows(a, None if quant["LATE_SCALE"] else 128)
+    q, s = fp8_rows(a, None if quant["LATE_SCALE"] else 128, **used)
     return q, s, s.stride(0)
 
 
@@ -133,7 +134,7 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=h_PI.device, dtype=h_PI.dtype)
     w, s, s_strides, quant = weight_operand(down_EHI, I, w8a8)
-    a, a_s, s_as = _activations(h_PI, w8a8, quant)
+    a, a_s, s_as = _activations(h_PI, w8a8, quant, used_blocks_1=routes.num_blocks_1, block_rows=bm)
     args = (a, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
             *a.stride(), *w.stride(), *out_NH.stride(), s, *s_strides, a_s, s_as)
     _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,

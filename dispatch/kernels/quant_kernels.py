@@ -102,11 +102,14 @@ def _qdot(a, s_M, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr,
 
 
 @triton.jit
-def _fp8_rows_kernel(a_ptr, q_ptr, s_ptr, M, K, GROUP, s_am, s_qm, s_sm,
+def _fp8_rows_kernel(a_ptr, q_ptr, s_ptr, used_ptr, M, K, GROUP, s_am, s_qm, s_sm,
                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PRE_ROUND: tl.constexpr):
+                     USED: tl.constexpr, PRE_ROUND: tl.constexpr):
     """Rows of a, column group program_id(1): s = amax / 448, codes fp8(a / s)
-    (an IEEE division, div_rn: bitwise the twin's)."""
+    (an IEEE division, div_rn: bitwise the twin's). USED: only the first
+    used_ptr[0] · USED rows (the blocks the sort used)."""
+    if USED > 0:
+        M = tl.minimum(M, tl.load(used_ptr) * USED)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * s_am
@@ -131,9 +134,12 @@ def _fp8_rows_kernel(a_ptr, q_ptr, s_ptr, M, K, GROUP, s_am, s_qm, s_sm,
     tl.store(s_ptr + offs_m * s_sm + tl.program_id(1), s, mask=mask_m)
 
 
-def fp8_rows(a_MK: torch.Tensor, group: int | None = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_rows(a_MK: torch.Tensor, group: int | None = 128, *, used_blocks_1: torch.Tensor | None = None,
+             block_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Activations → fp8 e4m3 codes [M, K] and fp32 scales [M, ceil(K / group)], one per row and
     ``group`` columns (None: one per row): what the w8a8 kernels read.
+    ``used_blocks_1`` (an int32 [1] on a's device, e.g. a sort's ``num_blocks_1``): only its value ×
+    ``block_rows`` leading rows are read and written, no host sync; the rest stay unset.
     Twin: :func:`dispatch.quant.formats.quantize_fp8_rows`."""
     if not isinstance(a_MK, torch.Tensor) or a_MK.dim() != 2 or not a_MK.is_floating_point():
         raise ValueError(f"a must be a floating [M, K] tensor, got {getattr(a_MK, 'dtype', type(a_MK).__name__)} "
@@ -141,6 +147,11 @@ def fp8_rows(a_MK: torch.Tensor, group: int | None = 128) -> tuple[torch.Tensor,
     if group is not None and (isinstance(group, bool) or not isinstance(group, int)
                               or group not in (32, 64) and (group < 128 or group % 128)):
         raise ValueError(f"group must be 32, 64, a multiple of 128 columns or None (the whole row), got {group!r}")
+    if used_blocks_1 is not None and (not isinstance(used_blocks_1, torch.Tensor) or used_blocks_1.numel() != 1
+                                      or used_blocks_1.dtype != torch.int32 or used_blocks_1.device != a_MK.device
+                                      or not isinstance(block_rows, int) or block_rows < 1):
+        raise ValueError("used_blocks_1 must be a one-element int32 tensor on a's device and block_rows a "
+                         f"positive int, got {used_blocks_1!r} and {block_rows!r}")
     a_MK = a_MK if a_MK.stride(-1) == 1 else a_MK.contiguous()
     M, K = a_MK.shape
     group = group or max(K, 1)
@@ -148,9 +159,11 @@ def fp8_rows(a_MK: torch.Tensor, group: int | None = 128) -> tuple[torch.Tensor,
     s = torch.empty(M, triton.cdiv(K, group), device=a_MK.device, dtype=torch.float32)
     if M and K:
         bm = 16
+        used = used_blocks_1 if used_blocks_1 is not None else s  # never read without it
         _fp8_rows_kernel[(triton.cdiv(M, bm), s.shape[1])](
-            a_MK, q, s, M, K, group, a_MK.stride(0), q.stride(0), s.stride(0), BLOCK_M=bm,
-            BLOCK_K=min(group, 128), PRE_ROUND=tiles.interpreting(a_MK.device))
+            a_MK, q, s, used, M, K, group, a_MK.stride(0), q.stride(0), s.stride(0), BLOCK_M=bm,
+            BLOCK_K=min(group, 128), USED=block_rows if used_blocks_1 is not None else 0,
+            PRE_ROUND=tiles.interpreting(a_MK.device))
     return q, s
 
 

@@ -158,7 +158,7 @@ def figure(doc: dict):
     import matplotlib.pyplot as plt
 
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
-    width = min(10.0, 1.0 + 2.6 * len(shapes))  # inches: within the book's column at any shape count
+    width = min(9.4, 1.0 + 2.6 * len(shapes))  # inches: drawn at >= 70% in the book column
     fig, axes = plt.subplots(2, len(shapes), figsize=(width, 5.5), squeeze=False, sharey="row")
     names = list(dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]))
     for j, shape in enumerate(shapes):
