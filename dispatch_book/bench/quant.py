@@ -16,10 +16,11 @@ for each token count one routing (softmax top-K of random logits) is given to ev
 
 Every contestant is timed as the kernels race times ours and the peer's: a CUDA graph of 30 calls,
 replayed 7 times, the median per call (``"timing": "graph_7x30"`` in the results file; a recording
-without that key timed one call per replay, the graph's own launch included). Bandwidth counts the bytes actually stored: distinct
-experts used × (codes + scales) for the quantized ones, × 3·H·I·2 for bf16, over the device's HBM
-read ceiling. Each contestant is checked against its plain-PyTorch twin before it is timed. Also
-recorded: every scheme's exact expert bytes per layer, and the per-layer error of every preset
+without that key timed one call per replay, the graph's own launch included). Bandwidth counts
+the bytes actually stored: distinct experts used × (codes + scales) for the quantized ones,
+× 3·H·I·2 for bf16, over the device's HBM read ceiling. Each contestant is checked against its
+plain-PyTorch twin before it is timed (``hf_fp8``, which has none, against bf16). Also recorded:
+every scheme's exact expert bytes per layer, and the per-layer error of every preset
 (:func:`dispatch.quant.layer_error`, 8 experts sampled). Rows → ``results/<gpu>/quant.json``.
 """
 from __future__ import annotations
