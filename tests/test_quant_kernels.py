@@ -78,6 +78,16 @@ def test_grouped_w8a8_matches_twin(scheme, T):
     assert rel(y, reference(x, w, ids, qe)) < 0.08
 
 
+def test_grouped_w8a8_scales_each_activation_as_its_weight_demands():
+    """H = 128, I = 256 in 128 × 128 blocks: x meets gate_up with one scale a row (per-token
+    activation scales), h meets down with two (per 128 columns); the twin decides alike."""
+    x, w, ids, qe = case(MoEConfig(128, 256, 4, 2), 9, "fp8-block128", seed=3)
+    assert qe.gate_up.per_row and not qe.down.per_row
+    y = moe_experts_quant(x, w, ids, qe, w8a8=True, config=GemmConfig(block_m=16, block_n=32, block_k=128,
+                                                                       num_stages=1))
+    assert rel(y, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
+
+
 @triton.jit
 def _round_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

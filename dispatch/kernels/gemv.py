@@ -87,8 +87,8 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
         return torch.zeros(T * K, H, dtype=torch.float32, device=x_TH.device)
     if x_TH.stride(1) != 1:  # the kernels read x, and the weights, along a contiguous last dim
         x_TH = x_TH.contiguous()
-    gu, gs, gs_strides, g_const = weight_operand(gate_up_E2IH, H)
-    dn, ds, ds_strides, d_const = weight_operand(down_EHI, I)
+    gu, gs, gs_strides, g_const = weight_operand(gate_up_E2IH)
+    dn, ds, ds_strides, d_const = weight_operand(down_EHI)
     N = T * K
     slots = min(E, N)  # at most this many distinct experts are used
     BLOCK_E = max(16, triton.next_power_of_2(E))

@@ -97,7 +97,7 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
     bm = _check_routes(routes, N, config.block_m if config else None)
     P, B = routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
-    w, s, s_strides, quant = weight_operand(gate_up_E2IH, H, w8a8)
+    w, s, s_strides, quant = weight_operand(gate_up_E2IH, w8a8)
     a, a_s, s_as = _activations(x_TH, w8a8, quant)
     args = (a, w, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
             *a.stride(), *w.stride(), *h_PI.stride(), s, *s_strides, a_s, s_as)
@@ -133,7 +133,7 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
     B = routes.block_expert_B.numel()
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=h_PI.device, dtype=h_PI.dtype)
-    w, s, s_strides, quant = weight_operand(down_EHI, I, w8a8)
+    w, s, s_strides, quant = weight_operand(down_EHI, w8a8)
     a, a_s, s_as = _activations(h_PI, w8a8, quant, used_blocks_1=routes.num_blocks_1, block_rows=bm)
     args = (a, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
             *a.stride(), *w.stride(), *out_NH.stride(), s, *s_strides, a_s, s_as)

@@ -41,18 +41,22 @@ def stand_ins(x_TH, qe) -> tuple[torch.Tensor, torch.Tensor]:
     return z.expand(qe.gate_up.shape), z.expand(qe.down.shape)
 
 
+def _fits(block: int, t: QuantizedTensor) -> bool:
+    """A reduction chunk of ``block`` columns lies inside one scale block of ``t``."""
+    return t.per_row or t.block_cols % block == 0
+
+
 def check_chunk(name: str, block: int, t: QuantizedTensor) -> None:
-    """A reduction chunk of ``block`` columns must lie inside one scale block of ``t``."""
-    cols = t.shape[2]
-    if not (t.block_cols >= cols or t.block_cols % block == 0):
+    """Raise unless a reduction chunk of ``block`` columns lies inside one scale block of ``t``."""
+    if not _fits(block, t):
         raise ValueError(f"{name}={block} must divide the scale block of {t.block_cols} columns "
-                         f"(or the block must cover all {cols} columns)")
+                         f"(or the block must cover all {t.shape[2]} columns)")
 
 
 def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts) -> DecodeConfig:
     """``cfg`` with its reduction chunks shrunk to fit inside the scale blocks (group-128, 128×128)."""
     def fit(block, t):
-        while not (t.block_cols >= t.shape[2] or t.block_cols % block == 0) and block > 16:
+        while not _fits(block, t) and block > 16:
             block //= 2
         return block
     return replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down))

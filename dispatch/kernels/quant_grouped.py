@@ -83,7 +83,7 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     if T == 0:
         return x_TH.new_zeros(0, H)
     check_launch("moe_experts_quant", x_TH)
-    late = experts.gate_up.block_cols >= H and experts.down.block_cols >= I
+    late = experts.gate_up.per_row and experts.down.per_row
     cfg = config or default_quant_config(T, K, E, x_TH.device, w8a8, late)
     if w8a8 and not late and cfg.block_k != W8A8_GROUP:
         raise ValueError(f"w8a8 scales activations per {W8A8_GROUP} columns: block_k must be {W8A8_GROUP}, "
@@ -103,6 +103,7 @@ def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts,
     gu, dn = stand_ins(x_TH, experts)
     check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn)
     gu_E2IH, down_EHI = experts.dequantize(torch.float32)
-    group = None if experts.gate_up.block_cols >= experts.H else W8A8_GROUP  # per token, or per 128 columns
-    act = (lambda a: fp8_activations(a, group)) if w8a8 else None
+    # as the kernels: per token where the weight it meets has one scale a row (LATE_SCALE), else per 128
+    t_of = {experts.H: experts.gate_up, experts.I: experts.down}  # H == I: both tensors decide alike
+    act = (lambda a: fp8_activations(a, None if t_of[a.shape[1]].per_row else W8A8_GROUP)) if w8a8 else None
     return by_expert_torch(x_TH, weights_TK, ids_TK, gu_E2IH, down_EHI, act=act, row_dtype=x_TH.dtype)

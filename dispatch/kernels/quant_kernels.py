@@ -176,9 +176,9 @@ def weight_first(quant: dict, w8a8: bool) -> bool:
     return quant["QUANT"] and not w8a8 and not quant["LATE_SCALE"]
 
 
-def weight_operand(w, k_cols: int, w8a8: bool = False):
+def weight_operand(w, w8a8: bool = False):
     """What a kernel is given for its weight ``w`` (a tensor, or a ``dispatch.quant.QuantizedTensor``)
-    reduced over ``k_cols`` columns: (weights or codes, scale tensor, its 3 strides, constexprs).
+    reduced over its last dim: (weights or codes, scale tensor, its 3 strides, constexprs).
 
     A plain tensor gets ``QUANT=False`` and itself as a never-read scale pointer. ``LATE_SCALE``: one
     scale covers a whole row (then w8a8 quantizes activations per token, not per 128 columns)."""
@@ -189,4 +189,4 @@ def weight_operand(w, k_cols: int, w8a8: bool = False):
         return w, w, (0, 0, 0), dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False)
     q = w.q if w.q.stride(-1) == 1 else w.q.contiguous()
     return q, w.scale, tuple(w.scale.stride()), dict(
-        SBR=w.block_rows, SBC=w.block_cols, QUANT=True, LATE_SCALE=w.block_cols >= k_cols)
+        SBR=w.block_rows, SBC=w.block_cols, QUANT=True, LATE_SCALE=w.per_row)

@@ -109,6 +109,11 @@ class QuantizedTensor:
     def block(self) -> tuple[int, int]:
         return self.block_rows, self.block_cols
 
+    @property
+    def per_row(self) -> bool:
+        """One scale covers each whole row (per-channel schemes, or rows no longer than a block)."""
+        return self.block_cols >= self.shape[2]
+
     def nbytes(self) -> int:
         """Exact bytes held: codes plus scales."""
         return self.q.numel() * self.q.element_size() + self.scale.numel() * self.scale.element_size()
