@@ -135,8 +135,8 @@ def test_config_is_validated():
         DecodeConfig(block_i=24)
     with pytest.raises(ValueError, match="programs"):
         DecodeConfig(programs=0)
-    assert DecodeConfig(programs=100).tiles_per_slot(8, 64) == 13
-    assert DecodeConfig(programs=100).tiles_per_slot(8, 4) == 4
+    assert DecodeConfig(programs=100).grid(8, 64) == 100  # 512 items: 5 or 6 per program
+    assert DecodeConfig(programs=100).grid(8, 4) == 32  # no program without an item
 
 
 @pytest.mark.gpu

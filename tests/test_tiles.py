@@ -43,7 +43,7 @@ def test_configs_validate():
         GemmConfig(group_m=0)
     with pytest.raises(ValueError, match="programs"):
         DecodeConfig(programs=0)
-    assert DecodeConfig(programs=100).tiles_per_slot(8, 64) == 13
+    assert DecodeConfig(programs=100).grid(8, 64) == 100
 
 
 @pytest.fixture

@@ -150,9 +150,7 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tens
     BLOCK_E = max(16, triton.next_power_of_2(E))
     CHUNK_N = max(16, triton.next_power_of_2(K))
     h_KI = torch.empty(K, I, dtype=x_1H.dtype, device=x_1H.device)
-    tiles = triton.cdiv(I, cfg.block_i)
-    per_slot = max(1, min(tiles, -(-cfg.programs // slots)))
-    _up_swiglu_kernel[(slots, per_slot)](
+    _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
         x_1H, ids_1K, gate_up_E2IH, gate_up_E2IH, h_KI, K, K, E, H, I, x_1H.stride(0), ids_1K.stride(0),
         ids_1K.stride(1), gate_up_E2IH.stride(0), gate_up_E2IH.stride(1), 0, 0, 0, h_KI.stride(0),
         SBR=1, SBC=1, QUANT=False, LATE_SCALE=False,  # unquantized weights; no scales

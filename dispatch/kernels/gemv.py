@@ -4,11 +4,11 @@ At decode sizes an MoE layer does almost no arithmetic: T·K routed rows (N ≤ 
 of at most min(E, N) experts, 3·H·I numbers each. The time is the time to *read those weights once*.
 So the kernels below
 
-1. group the N routed rows by expert **inside the kernel** (no sort launch, no host sync): program
-   ``slot`` finds the slot-th smallest expert id present in ``ids_TK`` and the rows routed to it;
+1. group the N routed rows by expert **inside the kernel** (no sort launch, no host sync): every
+   program counts the rows per expert in ``ids_TK``; the used experts, in id order, are the slots;
 2. split each expert's matrices into thin tiles (``block_i`` rows of gate/up, ``block_ho`` rows of
-   down) so that (used experts × tiles) keep every SM streaming weights; the grid is capped near
-   ``config.programs`` and a program loops over several tiles of its expert when there are more;
+   down) and deal the (slot, tile) items round-robin to a grid of ``config.programs`` programs, so
+   every program streams the same number of tiles (±1) whichever experts the tokens chose;
 3. apply a tile to all of its expert's rows at once (``tl.dot`` on ``block_m`` = 16 padded rows),
    with the whole reduction (over H for gate/up, over I for down) inside one program — no split-K
    partial sums to reduce;
@@ -17,8 +17,9 @@ So the kernels below
 
     x_TH ─┐                       h_NI (x dtype)              out_NH (fp32, weighted)
     ids ──┴─ _up_swiglu_kernel ──► rows × I ─ _down_kernel ──► rows × H ─ combine ─► y_TH
-            grid (slots, P_up)               grid (slots, P_down)         grid (T, H chunks)
-    slots = min(E, T·K); P = min(tiles, ceil(programs / slots)); program (s, p) does tiles p, p+P, ...
+            grid (G_up,)                     grid (G_down,)               grid (T, H chunks)
+    items = used experts × tiles, slot-major; G = min(programs, min(E, T·K) × tiles);
+    program p does items p, p + G, p + 2G, ...
 
 Deterministic (no atomics, fixed orders). Launch configs: :func:`dispatch.kernels.tiles.decode_config`.
 Plain-PyTorch twin: :func:`moe_decode_torch`; naive per-token loop: :func:`decode_loop_torch`.
@@ -95,13 +96,13 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
-    _up_swiglu_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(I, cfg.block_i)))](
+    _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
         x_TH, ids_TK, gu, gs, h_NI, N, K, E, H, I,
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
         **g_const,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
-    _down_kernel[(slots, cfg.tiles_per_slot(slots, triton.cdiv(H, cfg.block_ho)))](
+    _down_kernel[(cfg.grid(slots, triton.cdiv(H, cfg.block_ho)),)](
         h_NI, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         dn.stride(0), dn.stride(1), *ds_strides, h_NI.stride(0), out_NH.stride(0), **d_const,

@@ -3,9 +3,13 @@
 The weights are bf16/fp16/fp32, or 8-bit codes with fp32 scales (``QUANT``, chapter 7): the constexpr
 switch of :mod:`dispatch.kernels.quant_kernels`; ``QUANT=False`` compiles to the plain ``tl.dot``.
 
-Grouping by expert happens inside the kernels: program ``slot`` finds the slot-th smallest expert id
-present in ``ids_TK`` (``_slot_expert``) and the routed rows n = t·K + k sent to it, ascending
-(``_rows_of_expert``) — no sort launch and no host sync, so a decode step is three launches.
+Grouping by expert happens inside the kernels, with no sort launch and no host sync (a decode step
+is three launches). Every program counts the rows per expert in ``ids_TK`` (``_expert_counts``);
+the used experts, in id order, are the *slots*. The work is a flat list of (slot, tile) items, slot
+by slot; program p does items p, p + G, p + 2G, ... for a grid of G programs, so every program gets
+the same number of tiles, give or take one, however many experts the tokens chose. For each item
+it finds the slot's expert (``_slot_expert``) and the routed rows n = t·K + k sent to it, ascending
+(``_rows_of_expert``).
 """
 import triton
 import triton.language as tl
@@ -15,8 +19,8 @@ from dispatch.kernels.quant_kernels import _block_scales, _qdot
 
 
 @triton.jit
-def _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr):
-    """(expert id, row count) of the slot-th smallest expert present in ids; count 0 if none."""
+def _expert_counts(ids_ptr, s_it, s_ik, N, K, E, BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr):
+    """(rows per expert [BLOCK_E], slot of each expert [BLOCK_E], -1 if unused, number of used experts)."""
     offs_e = tl.arange(0, BLOCK_E)
     count_E = tl.zeros([BLOCK_E], dtype=tl.int32)
     for n0 in range(0, N, CHUNK_N):
@@ -24,8 +28,15 @@ def _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E: tl.constexpr, CHUN
         ids = tl.load(ids_ptr + (offs_n // K) * s_it + (offs_n % K) * s_ik, mask=offs_n < N, other=-1)
         count_E += tl.sum((ids[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
     used_E = ((count_E > 0) & (offs_e < E)).to(tl.int32)  # ids outside [0, E) never form a slot
-    is_slot = (used_E > 0) & (tl.cumsum(used_E, axis=0) - 1 == slot)
-    return tl.sum(tl.where(is_slot, offs_e, 0)), tl.sum(tl.where(is_slot, count_E, 0))
+    slot_E = tl.where(used_E > 0, tl.cumsum(used_E, axis=0) - 1, -1)
+    return count_E, slot_E, tl.sum(used_E, axis=0)
+
+
+@triton.jit
+def _slot_expert(count_E, slot_E, slot, BLOCK_E: tl.constexpr):
+    """(expert id, row count) of the slot-th smallest expert present in ids."""
+    is_slot = slot_E == slot
+    return tl.sum(tl.where(is_slot, tl.arange(0, BLOCK_E), 0)), tl.sum(tl.where(is_slot, count_E, 0))
 
 
 @triton.jit
@@ -52,23 +63,23 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                       PDL: tl.constexpr):
-    """h_NI[rows of e, i-tiles] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
+    """h_NI[rows of e, an I tile] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
 
-    Grid (slot, P): program (slot, p) finds its expert e, then does I tiles p, p + P, p + 2P, ...
+    Grid (G,): items (slot, I tile), slot-major; program p does items p, p + G, p + 2G, ...
     """
     pdl_enter(PDL)  # the expert ids come from the kernel before: nothing to read ahead of them
-    slot = tl.program_id(0)
-    e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
-    s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
-    for m0 in range(0, count, BLOCK_M):
-        rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
-        x_row = x_ptr + (rows_M // K).to(tl.int64)[:, None] * s_xt
-        # this program's I tiles: program_id(1), + num_programs(1), ... (amortises the grouping above)
-        for tile in range(tl.program_id(1), tl.cdiv(I, BLOCK_I), tl.num_programs(1)):
-            offs_i = tile * BLOCK_I + tl.arange(0, BLOCK_I)
-            mask_i = offs_i < I
-            gate_ptr = gu_ptr + e.to(tl.int64) * s_ge + offs_i[None, :] * s_gi  # [1, BLOCK_I], H contiguous
-            up_ptr = gate_ptr + I * s_gi
+    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, BLOCK_E, CHUNK_N)
+    tiles = tl.cdiv(I, BLOCK_I)
+    for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
+        e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
+        s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
+        offs_i = (item % tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
+        mask_i = offs_i < I
+        gate_ptr = gu_ptr + e.to(tl.int64) * s_ge + offs_i[None, :] * s_gi  # [1, BLOCK_I], H contiguous
+        up_ptr = gate_ptr + I * s_gi
+        for m0 in range(0, count, BLOCK_M):  # BLOCK_M of the expert's rows at a time (one, mostly)
+            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
+            x_row = x_ptr + (rows_M // K).to(tl.int64)[:, None] * s_xt
             acc_g = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
             acc_u = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
             for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
@@ -97,22 +108,23 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                  SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
-    """out_NH[rows of e, h-tiles] = weight · (h @ down.T), in fp32; down rows streamed once.
+    """out_NH[rows of e, an H tile] = weight · (h @ down.T), in fp32; down rows streamed once.
 
-    Grid (slot, P): program (slot, p) does H tiles p, p + P, ... reducing over all of I.
+    Grid (G,): items (slot, H tile), slot-major; program p does items p, p + G, ... (all of I each).
     """
     pdl_enter(PDL)
-    slot = tl.program_id(0)
-    e, count = _slot_expert(ids_ptr, s_it, s_ik, N, K, E, slot, BLOCK_E, CHUNK_N)
-    s_e = ds_ptr + e.to(tl.int64) * s_se
-    for m0 in range(0, count, BLOCK_M):
-        rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
-        h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
-        w_M = tl.load(w_ptr + (rows_M // K) * s_wt + (rows_M % K) * s_wk, mask=valid_M, other=0.0).to(tl.float32)
-        for tile in range(tl.program_id(1), tl.cdiv(H, BLOCK_HO), tl.num_programs(1)):
-            offs_o = tile * BLOCK_HO + tl.arange(0, BLOCK_HO)
-            mask_o = offs_o < H
-            down_ptr = dn_ptr + e.to(tl.int64) * s_de + offs_o[None, :] * s_dh  # [1, BLOCK_HO], I contiguous
+    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, BLOCK_E, CHUNK_N)
+    tiles = tl.cdiv(H, BLOCK_HO)
+    for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
+        e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
+        s_e = ds_ptr + e.to(tl.int64) * s_se
+        offs_o = (item % tiles) * BLOCK_HO + tl.arange(0, BLOCK_HO)
+        mask_o = offs_o < H
+        down_ptr = dn_ptr + e.to(tl.int64) * s_de + offs_o[None, :] * s_dh  # [1, BLOCK_HO], I contiguous
+        for m0 in range(0, count, BLOCK_M):
+            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
+            h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
+            w_M = tl.load(w_ptr + (rows_M // K) * s_wt + (rows_M % K) * s_wk, mask=valid_M, other=0.0)
             acc = tl.zeros([BLOCK_M, BLOCK_HO], dtype=tl.float32)
             for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
                 offs_i = i0 + tl.arange(0, BLOCK_I)
@@ -124,5 +136,5 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
             if LATE_SCALE:
                 acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
             out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
-            tl.store(out, acc * w_M[:, None], mask=valid_M[:, None] & mask_o[None, :])
+            tl.store(out, acc * w_M.to(tl.float32)[:, None], mask=valid_M[:, None] & mask_o[None, :])
     pdl_exit(PDL)

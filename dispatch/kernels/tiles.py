@@ -66,16 +66,16 @@ class DecodeConfig:
     block_id: int = 128  # I chunk of the down kernel's reduction loop
     num_warps: int = 4
     num_stages: int = 3
-    programs: int = 1024  # aim for about this many programs per kernel; each loops over its tiles
+    programs: int = 1024  # the grid of each kernel; a program loops over (expert, tile) items
 
     def __post_init__(self):
         _pow2("DecodeConfig", self, ("block_m", "block_i", "block_h", "block_ho", "block_id"))
         if not isinstance(self.programs, int) or self.programs < 1:
             raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
 
-    def tiles_per_slot(self, slots: int, tiles: int) -> int:
-        """Programs given to each used expert: ~programs / slots, at least 1, at most one per tile."""
-        return max(1, min(tiles, -(-self.programs // slots)))
+    def grid(self, slots: int, tiles: int) -> int:
+        """Programs of one decode kernel: ``programs``, or fewer when at most slots × tiles items exist."""
+        return max(1, min(self.programs, slots * tiles))
 
 
 # The interpreter runs numpy per program: small tiles keep CPU tests fast. One policy for both families.
