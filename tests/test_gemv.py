@@ -38,13 +38,13 @@ def check(args, **kw):
 
 @given(T=st.integers(0, 12), E=st.integers(1, 9), K=st.integers(1, 9), H=st.sampled_from([16, 40]),
        I=st.sampled_from([16, 24, 32]), seed=st.integers(0, 2**16), skew=st.booleans(),
-       programs=st.sampled_from([1, 1024]))
+       programs=st.sampled_from([1, 3, 1024]))
 def test_random_shapes_and_routings(T, E, K, H, I, seed, skew, programs):  # noqa: E741
     K = min(K, E)
     x, w, ids, gu, dn = make(T, K, E, H, I, seed=seed)
     if skew and T:  # crowd most rows onto the first few experts, leave others empty
         ids = torch.stack([torch.arange(K) + (t % 2) * (E - K) for t in range(T)]) if E > K else ids
-    # programs=1: one program per used expert loops over all of its tiles
+    # programs=1: one program walks every (expert, tile) item; 3: items dealt round-robin, unevenly
     config = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1,
                           programs=programs)
     check((x, w, ids, gu, dn), config=config)
@@ -95,6 +95,17 @@ def test_non_contiguous_inputs():
     for a in (args, (x2, *args[1:]), (x3, w, ids, gu, dn)):
         y = check(a)
         torch.testing.assert_close(y, moe_decode(x, w, ids, gu, dn), atol=0, rtol=0)
+
+
+def test_grid_size_does_not_change_a_bit():
+    """Each (expert, tile) item is computed the same way whichever program takes it: the output is
+    bitwise the same for any grid, including grids with more programs than items."""
+    x, w, ids, gu, dn = make(5, 3, 6, 32, 48, seed=3)
+    ids[2] = torch.tensor([4, 4, 4])  # a repeated expert; expert 5 may get nothing
+    tiles = dict(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
+    ys = [moe_decode(x, w, ids, gu, dn, config=DecodeConfig(**tiles, programs=p)) for p in (1, 2, 7, 500)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    torch.testing.assert_close(ys[0], experts_reference(x, w, ids, gu, dn), **FP32_TOL)
 
 
 def test_two_runs_are_bitwise_equal():

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatch.kernels.sort import SortedRoutes, sort_by_expert, sort_by_expert_torch, static_sizes
+from dispatch.kernels.sort import SortedRoutes, default_block_n, sort_by_expert, sort_by_expert_torch, static_sizes
 
 FIELDS = ["sorted_rows_P", "block_expert_B", "slot_of_N", "counts_E", "offsets_E1", "num_blocks_1"]
 
@@ -134,6 +134,15 @@ def test_every_row_to_one_expert_across_programs():
     ids = torch.full((40, 3), 5)
     r = check_all(ids, 8, 16, block_n=16)  # 120 rows over 8 programs
     assert r.counts_E.tolist() == [0] * 5 + [120, 0, 0] and r.num_blocks_1.tolist() == [8]
+
+
+def test_default_block_n_is_about_sqrt_n():
+    assert [default_block_n(n) for n in (0, 1, 255, 512, 2048, 8192, 32768, 131072, 10**7)] == \
+        [16, 16, 16, 16, 32, 64, 128, 256, 256]
+    # 700 rows over 44 programs of 16 (the default at this N), uneven experts: the twin's layout
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 12, (175, 4), generator=g) % torch.tensor([12, 3, 12, 1])
+    check_all(ids, 12, 32)
 
 
 def test_bitwise_repeatable():

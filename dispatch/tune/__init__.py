@@ -16,8 +16,8 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   memory are never compiled. The down kernel is timed on the base config's h. The whole path is then
   timed with the chosen tiles and with the heuristic's; the table keeps whichever was faster.
 * **Decode kernels** (T ≤ 256): coordinate descent from the heuristic config — the up kernel's
-  (block_i, block_h, stages), then the down kernel's (block_ho, block_id), then the programs per
-  kernel (1–16 per SM: no recompile) — each step timing the whole three-launch decode, and moving
+  (block_i, block_h, stages), then the down kernel's (block_ho, block_id), then the grid size
+  (1–16 programs per SM: no recompile) — each step timing the whole three-launch decode, and moving
   only to a config faster than the current one.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
   the decode path serves T ≤ the last bucket before the grouped path first wins.
