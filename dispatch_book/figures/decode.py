@@ -12,9 +12,9 @@ LABELS = {"ours": "ours (moe_decode)", "ours_graph": "ours, CUDA graph", "ours_w
 
 
 def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = None, block_ho: int | None = None):  # noqa: E741
-    """Left: the routing table coloured by expert. Right: the up kernel's grid — one column per
-    used expert (a "slot"), cut into I/block_i tiles; every tile is one program that streams its
-    gate/up rows once and applies them to all of that expert's rows."""
+    """Left: the routing table coloured by expert. Right: the up kernel's work — one column per
+    used expert (a "slot"), cut into I/block_i tiles; every tile is one item, dealt to the programs
+    round-robin, that streams its gate/up rows once and applies them to all of that expert's rows."""
     T, K = ids_TK.shape
     used = sorted(set(ids_TK.flatten().tolist()))
     cmap = plt.get_cmap("tab20")
@@ -38,7 +38,7 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
     a1.set(xlim=(-0.2, len(used)), ylim=(0, n_tiles + room), xticks=[], yticks=[],
            xlabel=f"slot = used expert ({len(used)} of {num_experts})",
            ylabel=f"I tile ({n_tiles} × {block_i} rows of gate and up)",
-           title=f"up kernel grid: {len(used)} × {n_tiles} = {len(used) * n_tiles} programs")
+           title=f"up kernel: {len(used)} × {n_tiles} = {len(used) * n_tiles} (expert, tile) items")
     for side in ("top", "right"):
         a1.spines[side].set_visible(False)
     fig.tight_layout()
