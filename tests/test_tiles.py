@@ -112,6 +112,21 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch, fake_gpu):
         assert tiles.decode_max_tokens(*args[1:], cuda) == tiles.DECODE_MAX_TOKENS
 
 
+def test_quantized_experts_read_their_own_decode_entry(monkeypatch, fake_gpu):
+    """A scheme's entry ('bfloat16+int8-channel') first; without one, the unquantized entry's tiles."""
+    fake_gpu()
+    doc = _table()
+    mine = replace(tiles.FEW_EXPERTS, block_h=512, programs=396)
+    doc["entries"][tables.shape_key(64, 2048, 1024, 8, tiles.quant_key(torch.bfloat16, "int8-channel"))] = {
+        "buckets": {"1": {"decode": tiles.as_dict(mine), "decode_us": 20.0}}}
+    monkeypatch.setattr(tables, "load", lambda slug: doc if slug == "h200" else {})
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    assert tiles.quant_key(bf16, "int8-channel") == "bfloat16+int8-channel"
+    assert tiles.decode_config(2, 8, 64, 2048, 1024, bf16, cuda, "int8-channel") == mine
+    assert tiles.decode_config(2, 8, 64, 2048, 1024, bf16, cuda, "fp8-block128").programs == 264  # bf16's
+    assert tiles.decode_config(2, 8, 64, 2048, 1024, bf16, cuda).programs == 264
+
+
 def test_nearest_bucket():
     b = {"1": {"decode": 1}, "4": {"decode": 4}, "64": {"up": 64}, "128": {"decode": 128}}
     assert tables.nearest_bucket(b, 3)["decode"] == 4  # log2 distance

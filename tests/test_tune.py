@@ -1,4 +1,6 @@
 """The tuner's search loop under Triton's interpreter: a tiny preset, a fake timer (no timed tests)."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -56,6 +58,31 @@ def test_search_loop_on_the_interpreter(tmp_path, small_space):
     assert tiles.tuned(back, 1, "decode") == d
 
 
+def test_quant_search_on_the_interpreter(small_space, monkeypatch):
+    """--quant: one entry per scheme, decode buckets up to QUANT_MAX_T, every config fitting the
+    scale blocks, the cheapest by the fake price; the launcher then reads it for that scheme."""
+    from dispatch import quant
+    from dispatch.kernels.quant_gemv import check_chunk
+
+    monkeypatch.setattr(search, "QUANT_CHUNKS", ((64, 64), (32, 64)))
+    cpu, logs = torch.device("cpu"), []
+    entries = tune_preset("tiny", (2, 8, 128), cpu, torch.float32, timer=fake_us, log=logs.append,
+                          schemes=("int8-channel", "int8-group128"))
+    assert set(entries) == {tables.shape_key(8, 64, 32, 2, f"float32+{q}") for q in ("int8-channel", "int8-group128")}
+    w = search.make_case("tiny", 2, cpu, torch.float32)[1]
+    for key, e in entries.items():
+        assert "crossover" not in e and set(e["buckets"]) == {"2", "8"}  # T = 128 > QUANT_MAX_T: not tuned
+        qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, key.split("+")[1])
+        for b in e["buckets"].values():
+            d = DecodeConfig(**b["decode"])
+            check_chunk("block_h", d.block_h, qe.gate_up)
+            check_chunk("block_id", d.block_id, qe.down)
+            assert (d.block_i, d.block_ho) == (16, 16) and b["decode_us"] <= b["decode_bf16_tiles_us"]
+    assert any("decode int8-group128" in s for s in logs)
+    jobs = compile_jobs(["tiny"], (2, 8, 128), cpu, ("int8-channel",))
+    assert {(j[1], j[2]) for j in jobs} == {(2, "decode:int8-channel"), (8, "decode:int8-channel")}
+
+
 def test_crossover_rule():
     b = {"1": {"decode_us": 5}, "8": {"decode_us": 9, "grouped_us": 20}, "16": {"decode_us": 30, "grouped_us": 20},
          "32": {"decode_us": 30, "grouped_us": 40}, "512": {"grouped_us": 100}}
@@ -91,7 +118,8 @@ def test_precompile_workers(small_space):
 
     jobs = compile_jobs(["tiny"], (1, 8), torch.device("cpu"))
     jobs.append(("tiny", 1, "decode", [tiles.INTERPRET_DECODE]))
-    assert {j[2] for j in jobs} == {"decode", "up", "down"}
+    jobs.append(("tiny", 1, "decode:int8-group128", [replace(tiles.INTERPRET_DECODE, block_h=64)]))  # fitted
+    assert {j[2] for j in jobs} == {"decode", "up", "down", "decode:int8-group128"}
     assert precompile(jobs, workers=2, log=lambda s: None) == []
 
 

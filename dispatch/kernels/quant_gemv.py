@@ -67,9 +67,10 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
     """:func:`dispatch.kernels.gemv.moe_decode` with quantized experts → y_TH [T, H] in x's dtype.
 
     ``experts`` from :func:`dispatch.quant.quantize_experts`, on x's device. ``config`` as for
-    ``moe_decode``; its block_h / block_id must fit the scale blocks (default: the bf16 decode's
-    tiles, tuned table or heuristic, shrunk to fit: on an H200 they beat the heuristic's, and
-    wider reduction chunks for the 1-byte codes lost). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
+    ``moe_decode``; its block_h / block_id must fit the scale blocks (default: the table's tiles
+    for this scheme where ``python -m dispatch.tune --quant`` wrote them, else the bf16 decode's,
+    tuned or heuristic, shrunk to fit: on an H200 those beat the heuristic's, and wider reduction
+    chunks for the 1-byte codes lost under the old decode grid). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
     The kernels are the decode kernels of ``moe_decode`` with ``QUANT=True``.
     """
     gu, dn = stand_ins(x_TH, experts)
@@ -77,7 +78,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
     if config is not None and not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
     check_launch("moe_decode_quant", x_TH)
-    cfg = config or fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device), experts)
+    cfg = config or fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, experts.scheme), experts)
     check_chunk("block_h", cfg.block_h, experts.gate_up)
     check_chunk("block_id", cfg.block_id, experts.down)
     if T == 0:

@@ -235,9 +235,19 @@ def gemm_config(kind: str, block_m: int, T: int, K: int, E: int, H: int, I: int,
     return cfg if cfg.block_m == block_m else heuristic_gemm(kind, block_m, dev)
 
 
-def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev) -> DecodeConfig:  # noqa: E741
-    """The decode kernels' tiles for T tokens: the table's, else :func:`heuristic_decode`."""
-    return _lookup(_slug(dev), K, E, H, I, dtype, T, "decode") or heuristic_decode(T, K, E, H, I, dev)
+def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E741
+                  scheme: str | None = None) -> DecodeConfig:
+    """The decode kernels' tiles for T tokens: the table's, else :func:`heuristic_decode`. With
+    ``scheme`` (experts quantized in that scheme, chapter 7) the table's entry for those codes comes
+    first (``python -m dispatch.tune --quant SCHEME`` writes it), then the unquantized one's."""
+    slug = _slug(dev)
+    return (scheme and _lookup(slug, K, E, H, I, quant_key(dtype, scheme), T, "decode")) \
+        or _lookup(slug, K, E, H, I, dtype, T, "decode") or heuristic_decode(T, K, E, H, I, dev)
+
+
+def quant_key(dtype, scheme: str) -> str:
+    """The dtype part of a table key for experts quantized in ``scheme``: 'bfloat16+int8-channel'."""
+    return f"{str(dtype).removeprefix('torch.')}+{scheme}"
 
 
 def decode_max_tokens(K: int, E: int, H: int, I: int, dtype, dev) -> int:  # noqa: E741

@@ -1,6 +1,7 @@
 """Tune the kernels' tiles for this GPU and write the table the launchers read.
 
     python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
+    python -m dispatch.tune --preset all --quant int8-channel,fp8-block128   (quantized decode only)
 
 Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 16384), on one routing
 (softmax top-K of random logits, seeded), timed under CUDA-graph replay (median of several replays):
@@ -19,6 +20,10 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   (block_i, block_h, stages), then the down kernel's (block_ho, block_id), then the grid size
   (1–16 programs per SM: no recompile) — each step timing the whole three-launch decode, and moving
   only to a config faster than the current one.
+* **Quantized experts** (``--quant``, chapter 7), instead of the above: the decode tiles for codes
+  in each scheme, T ≤ 64, by the same descent started from the bf16 decode's tiles (what the
+  launcher takes without an entry), plus a step of longer reduction chunks; every candidate is
+  shrunk to fit the scale blocks. Entries keyed 'bfloat16+<scheme>'; no crossover of their own.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
   the decode path serves T ≤ the last bucket before the grouped path first wins.
 
@@ -35,7 +40,7 @@ import os
 import torch
 import triton
 
-from dispatch import runtime, tables
+from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.tune.compile import compile_jobs, precompile
 from dispatch.tune.search import BENCH_PRESETS, tune_preset
@@ -46,6 +51,8 @@ def main(argv=None) -> None:
     p.add_argument("--preset", required=True, help=f"a PRESETS name, or 'all' = {','.join(BENCH_PRESETS)}")
     p.add_argument("--tokens", default=",".join(map(str, tables.BUCKETS)), help="comma-separated buckets")
     p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into")
+    p.add_argument("--quant", default="", help="instead: the decode tiles of experts quantized in these "
+                   "schemes (comma-separated, e.g. int8-channel,fp8-block128), buckets T ≤ 64")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)
@@ -53,6 +60,10 @@ def main(argv=None) -> None:
     for name in presets:
         if name not in PRESETS:
             raise SystemExit(f"unknown preset {name!r}; choose from {sorted(PRESETS)} or 'all'")
+    schemes = tuple(q for q in a.quant.split(",") if q)
+    for q in schemes:
+        if q not in quant.SCHEMES:
+            raise SystemExit(f"unknown scheme {q!r}; choose from {sorted(quant.SCHEMES)}")
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
     tokens = sorted(int(t) for t in a.tokens.split(","))
@@ -62,14 +73,15 @@ def main(argv=None) -> None:
     t0 = dt.datetime.now()
     if a.workers:
         try:
-            precompile(compile_jobs(presets, tokens, dev), a.workers)
+            precompile(compile_jobs(presets, tokens, dev, schemes), a.workers)
         except Exception as e:  # noqa: BLE001 - a broken pool only costs time: kernels compile while timing
             print(f"parallel compile failed ({e!r}); compiling while timing", flush=True)
         print(f"compiled in {(dt.datetime.now() - t0).total_seconds():.0f} s", flush=True)
     doc = tables.load_file(out) or {"entries": {}}
     with torch.no_grad():
         for preset in presets:
-            doc["entries"].update(tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True)))
+            doc["entries"].update(tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
+                                              schemes=schemes))
             doc.update(device=name, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        versions={"torch": torch.__version__, "triton": triton.__version__})
             tables.write(out, doc)  # after every preset: a run cut short keeps what it tuned

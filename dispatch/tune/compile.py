@@ -12,29 +12,34 @@ import multiprocessing as mp
 
 import torch
 
-from dispatch import runtime
+from dispatch import quant, runtime
 from dispatch.config import PRESETS
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
 from dispatch.kernels.sort import sort_by_expert
-from dispatch.tune.search import DECODE_MAX_T, GROUPED_MIN_T, block_ms, decode_steps, gemm_space, make_case
+from dispatch.tune import search
 
 
-def compile_jobs(presets, tokens, dev) -> list[tuple]:
-    """(preset, T, kind, configs): the variants timing will launch, with inputs that specialise the same."""
+def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
+    """(preset, T, kind, configs): the variants timing will launch, with inputs that specialise the same.
+    With ``schemes``: the quantized decode's (kind ``decode:<scheme>``; the job fits them to the scales)."""
     jobs, seen = [], set()
     for name in presets:
         cfg = PRESETS[name]
-        for T in tokens:
-            if T <= DECODE_MAX_T:
+        for scheme, T in ((s, T) for s in schemes for T in tokens if T <= search.QUANT_MAX_T):
+            base = tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, runtime.compute_dtype(dev), dev)
+            jobs.append((name, T, f"decode:{scheme}", [c for step in search.quant_steps(base, 1) for c in step(base)]))
+        for T in tokens if not schemes else ():
+            if T <= search.DECODE_MAX_T:
                 base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
-                up, down, _ = decode_steps(base, 1)
+                up, down, _ = search.decode_steps(base, 1)
                 jobs.append((name, T, "decode", up(base) + down(base)))
-            for bm in block_ms(T, cfg.K, cfg.E) if T >= GROUPED_MIN_T else ():
+            for bm in search.block_ms(T, cfg.K, cfg.E) if T >= search.GROUPED_MIN_T else ():
                 for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them
                     key = (kind, bm, cfg.K if kind == "up" else 0)  # N = 16·K specialises like any T ≥ 8
-                    cands = gemm_space(kind, bm, dev)
+                    cands = search.gemm_space(kind, bm, dev)
                     for i in range(0, len(cands), 5) if key not in seen else ():
                         jobs.append((name, 16, kind, cands[i:i + 5]))
                     seen.add(key)
@@ -53,11 +58,14 @@ def _compile_job(job) -> list[str]:
         c = PRESETS[name]
         _CASES[name] = type("W", (), dict(gate_up_E2IH=torch.zeros(c.E, 2 * c.I, c.H, device=dev, dtype=dtype),
                                           down_EHI=torch.zeros(c.E, c.H, c.I, device=dev, dtype=dtype)))()
-    cfg, w, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, _CASES[name])
+    cfg, w, x_TH, weights_TK, ids_TK = search.make_case(name, T, dev, dtype, _CASES[name])
     failed = []
+    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, kind[7:]) if kind.startswith("decode:") else None
     for c in cands:
         try:
-            if kind == "decode":
+            if qe is not None:
+                moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=fit_scales(c, qe))
+            elif kind == "decode":
                 moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=c)
             else:
                 routes = sort_by_expert(ids_TK, cfg.E, c.block_m)

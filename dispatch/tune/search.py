@@ -29,6 +29,8 @@ SPACE = {  # (kind, block_m) → (BLOCK_N, BLOCK_K, warps, stages)
 DECODE_UP = ((32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3))  # (block_i, block_h, stages)
 DECODE_DOWN = ((32, 128), (32, 256), (64, 128), (16, 256))  # (block_ho, block_id)
 PROGRAMS_PER_SM = (1, 2, 3, 4, 8, 16)
+QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
+QUANT_MAX_T = 64  # quantized experts: decode tiles tuned up to here
 
 
 def block_ms(T: int, K: int, E: int) -> tuple[int, ...]:
@@ -50,6 +52,12 @@ def decode_steps(base: DecodeConfig, sms: int):
     return (lambda b: [replace(b, block_i=i, block_h=h, num_stages=s) for i, h, s in DECODE_UP],
             lambda b: [replace(b, block_ho=o, block_id=d) for o, d in DECODE_DOWN],
             lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM])
+
+
+def quant_steps(base: DecodeConfig, sms: int):
+    """The decode steps, then the reduction chunks once more, longer: a load of 1-byte codes
+    carries half the bytes of bf16, so longer chunks keep as many bytes in flight."""
+    return (*decode_steps(base, sms), lambda b: [replace(b, block_h=h, block_id=d) for h, d in QUANT_CHUNKS])
 
 
 def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0):
@@ -175,6 +183,36 @@ def tune_decode(name, T, case, dev, timer, log) -> dict:
     return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
 
 
+def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
+    """Decode tiles for experts quantized in ``scheme``: coordinate descent (:func:`quant_steps`)
+    from the bf16 decode's tiles, which the launcher takes when the table has none for the scheme;
+    every candidate shrunk to fit the scale blocks (``quant_gemv.fit_scales``)."""
+    from dispatch import quant
+    from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
+
+    cfg, w, x_TH, weights_TK, ids_TK = case
+    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
+
+    def run(c):
+        return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=c)
+
+    base = fit_scales(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev), qe)
+    y = run(base)
+    err = rel_err(y, moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe))
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{name} T={T}: the {scheme} decode kernels are wrong (rel err {err:.3g})")
+    best, start_us = base, timer(lambda: run(base), base)
+    best_us = start_us
+    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
+    for step in quant_steps(base, sms):
+        cands = list(dict.fromkeys(fit_scales(c, qe) for c in step(best)))  # fitting may merge some
+        cand, cand_us, _ = _best(cands, run, y, timer, log, f"decode {scheme}")
+        if cand_us < best_us:
+            best, best_us = cand, cand_us
+    log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
+    return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
+
+
 def crossover(buckets: dict) -> int:
     """The last bucket before the grouped path first beats decode (decode only where it was tuned)."""
     last = 0
@@ -186,8 +224,12 @@ def crossover(buckets: dict) -> int:
     return last
 
 
-def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print) -> dict:
-    """The table entry of one preset: its buckets and crossover."""
+def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=()) -> dict:
+    """The table entry of one preset: its buckets and crossover. With ``schemes``: instead, one entry
+    per quantization scheme, the decode tiles of the buckets up to ``QUANT_MAX_T`` (no crossover:
+    the quantized layer takes the unquantized one's)."""
+    if schemes:
+        return _tune_quant(name, tokens, dev, dtype, schemes, timer, log)
     w, buckets = None, {}
     for T in tokens:
         case = make_case(name, T, dev, dtype, w)
@@ -204,3 +246,15 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print) -> dict:
     cfg, cross = PRESETS[name], crossover(buckets)
     log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
     return {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
+
+
+def _tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
+    cfg, w, out = PRESETS[name], None, {}
+    for scheme in schemes:
+        buckets = {}
+        for T in (t for t in tokens if t <= QUANT_MAX_T):
+            case = make_case(name, T, dev, dtype, w)
+            w = case[1]
+            buckets[str(T)] = tune_decode_quant(name, T, case, scheme, dev, timer, log)
+        out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme))] = {"buckets": buckets}
+    return out
