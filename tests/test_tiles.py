@@ -75,6 +75,16 @@ def test_heuristics_fit_a_t4(fake_gpu, E, H, I, K):  # noqa: E741
         assert tiles.decode_max_tokens(K, E, H, I, torch.float16, cuda) == tiles.DECODE_MAX_TOKENS
 
 
+def test_decode_heuristic_grid_is_whole_waves(fake_gpu):
+    cuda = torch.device("cuda")
+    for name, sms in (("NVIDIA H200", 132), ("Tesla T4", 40)):
+        fake_gpu(name, sms, H200 if sms == 132 else T4)
+        few, many = (tiles.heuristic_decode(T, 8, 64, 2048, 1024, cuda) for T in (1, 64))
+        assert (few.block_i, many.block_i) == (tiles.FEW_EXPERTS.block_i, tiles.MANY_EXPERTS.block_i)
+        assert (few.programs, many.programs) == (8 * sms, 2 * sms)
+    assert (tiles.FEW_EXPERTS.programs, tiles.MANY_EXPERTS.programs) == (8 * 132, 2 * 132)  # what H200 measured
+
+
 def _table(E=64, H=2048, I=1024, K=8):  # noqa: E741
     buckets = {"1": {"decode": tiles.as_dict(replace(tiles.FEW_EXPERTS, programs=264)), "decode_us": 30.0},
                "64": {"decode": tiles.as_dict(tiles.MANY_EXPERTS), "decode_us": 200.0,

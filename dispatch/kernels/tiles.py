@@ -81,8 +81,9 @@ class DecodeConfig:
 # The interpreter runs numpy per program: small tiles keep CPU tests fast. One policy for both families.
 INTERPRET_CONFIG = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
 INTERPRET_DECODE = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
-# Decode heuristics (measured on an H200): thin tiles and many programs while few experts are used;
-# wider tiles and ~2 programs per SM once the used experts alone give several waves of tiles.
+# Decode heuristics (measured on an H200, 132 SMs): thin tiles and many programs while few experts are
+# used; wider tiles and 2 programs per SM once the used experts alone give several waves of tiles.
+# On another GPU the grid scales with its SMs (8 and 2 per SM): a grid of whole waves.
 FEW_EXPERTS = DecodeConfig(block_i=32, block_h=256, block_ho=32, block_id=128, num_stages=3, programs=1056)
 MANY_EXPERTS = DecodeConfig(block_i=64, block_h=128, block_ho=64, block_id=128, num_stages=3, programs=264)
 
@@ -175,9 +176,9 @@ def _heuristic_gemm(kind: str, block_m: int, limit: int) -> GemmConfig:
 
 
 def heuristic_decode(T: int, K: int, E: int, H: int, I: int, dev: torch.device) -> DecodeConfig:  # noqa: E741
-    """``MANY_EXPERTS`` once min(E, T·K) used experts × I/64 tiles reach 4 waves of the SMs, else
-    ``FEW_EXPERTS``; block_m covers about twice the mean rows per expert (T·K/E), so one tl.dot
-    pass usually takes all of an expert's rows and its weights are streamed once."""
+    """``MANY_EXPERTS`` (2 programs per SM) once min(E, T·K) used experts × I/64 tiles reach 4 waves
+    of the SMs, else ``FEW_EXPERTS`` (8 per SM); block_m covers about twice the mean rows per expert
+    (T·K/E), so one tl.dot pass usually takes all of an expert's rows and its weights are streamed once."""
     if interpreting(dev):
         return INTERPRET_DECODE
     return _heuristic_decode(T, K, E, I, _dev_props(dev)[1], runtime.max_shared_bytes(dev))
@@ -185,9 +186,10 @@ def heuristic_decode(T: int, K: int, E: int, H: int, I: int, dev: torch.device) 
 
 @functools.lru_cache(maxsize=4096)
 def _heuristic_decode(T: int, K: int, E: int, I: int, sms: int, limit: int) -> DecodeConfig:  # noqa: E741
-    base = MANY_EXPERTS if min(E, T * K) * -(-I // 64) >= 4 * sms else FEW_EXPERTS
+    many = min(E, T * K) * -(-I // 64) >= 4 * sms
+    base = MANY_EXPERTS if many else FEW_EXPERTS
     block_m = min(64, max(16, next_pow2(-(-2 * T * K // E))))
-    return fit_shared(replace(base, block_m=block_m), limit)
+    return fit_shared(replace(base, block_m=block_m, programs=(2 if many else 8) * sms), limit)
 
 
 # ---- the tuned tables ----
