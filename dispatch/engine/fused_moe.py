@@ -26,7 +26,7 @@ import triton.language as tl
 
 from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
 from dispatch.config import MoEConfig
-from dispatch.kernels import pdl
+from dispatch.kernels import pdl, tiles
 from dispatch.kernels.gemv_kernels import _up_swiglu_kernel
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 
@@ -124,18 +124,6 @@ def _down_combine_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, y_ptr, E, H, I, s_de, s_
     pdl_exit(PDL)
 
 
-def _decode_config(K, E, H, I, x):  # noqa: E741
-    """The decode kernels' tiles for one token (the tile policy's module, before or after its move)."""
-    try:
-        from dispatch.kernels import tiles
-
-        return tiles.decode_config(1, K, E, H, I, x.dtype, x.device)
-    except ImportError:
-        from dispatch.kernels.gemv import default_config
-
-        return default_config(1, K, E, H, I, x.device)
-
-
 def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tensor:
     """One token's routed experts in two launches: up+SwiGLU, then down × weight summed over k."""
     from dispatch.kernels.checks import check_experts_inputs
@@ -145,7 +133,7 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tens
             or not ids_1K.is_contiguous() or not weights_1K.is_contiguous():
         raise ValueError("moe_decode_1 takes one token (T = 1) with contiguous ids/weights and weights whose "
                          f"last dim is contiguous; got T={T}")
-    cfg = _decode_config(K, E, H, I, x_1H)
+    cfg = tiles.decode_config(1, K, E, H, I, x_1H.dtype, x_1H.device)
     slots = min(E, K)
     BLOCK_E = max(16, triton.next_power_of_2(E))
     CHUNK_N = max(16, triton.next_power_of_2(K))

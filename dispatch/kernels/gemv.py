@@ -39,7 +39,6 @@ from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.quant_kernels import weight_operand
 from dispatch.kernels.tiles import DecodeConfig
-from dispatch.kernels.tiles import heuristic_decode as default_config  # noqa: F401  (old name: chapter 3 imports it)
 from dispatch.reference import swiglu, swiglu_expert
 
 
