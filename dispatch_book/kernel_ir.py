@@ -41,7 +41,11 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
             "shared_bytes": int(c.metadata.shared),
             "spills": bool(re.search(r"\.local\s", ptx)),
             "pdl_waits": ptx.count("griddepcontrol.wait"),
-            "pdl_launches": ptx.count("griddepcontrol.launch_dependents")}
+            "pdl_launches": ptx.count("griddepcontrol.launch_dependents"),
+            # conversions to a 16-bit float: one value an instruction, or two (packed)
+            "cvt_scalar": len(re.findall(r"\bcvt(?:\.rn)?\.(?:bf16|f16)\.(?:f16|bf16|f32)\b", ptx)),
+            "cvt_packed": len(re.findall(r"\bcvt\.rn(?:\.satfinite)?\.(?:bf16x2|f16x2)\.", ptx)),
+            "byte_permutes": ptx.count("prmt.b32")}
 
 
 def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale: bool = False,
@@ -73,6 +77,31 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
         else:
             sig[n] = "i32"
     return compile_offline(fn, sig, {k: v for k, v in const.items() if k in sig}, **opts)
+
+
+def decode_conversions(target: int = 90) -> list[dict]:
+    """The decode up kernel (chapter 3) with bf16, int8 and fp8 weights, one scale per row, compiled
+    for sm_<target>: how its PTX turns the weights into bf16 for the MMA — conversions of one value
+    an instruction, packed ones (two values), byte permutes."""
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    from dispatch.kernels import gemv_kernels as gk
+
+    fn = gk._up_swiglu_kernel
+    if not hasattr(fn, "cache_key"):
+        raise RuntimeError("the kernels were defined for Triton's interpreter: set TRITON_INTERPRET=0 "
+                           "before dispatch is imported")
+    rows = []
+    for weights, wtype in (("bf16", "*bf16"), ("int8", "*i8"), ("fp8", "*fp8e4nv")):
+        if weights == "fp8" and target < 89:
+            continue  # no fp8 below sm_89
+        q = weights != "bf16"
+        const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=32, BLOCK_H=128,
+                     BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, PDL=False)
+        sig = {n: "constexpr" if n in const else (wtype if n == "gu_ptr" else "*fp32" if n == "gs_ptr" else
+               "*i32" if n == "ids_ptr" else "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+        c = compile_offline(fn, sig, const, target=target, num_warps=4)
+        rows.append({"weights": weights, **{k: c[k] for k in ("cvt_scalar", "cvt_packed", "byte_permutes")}})
+    return rows
 
 
 FP32_PTRS = {"m_ptr", "l_ptr", "acc_ptr", "inv_ptr", "weights_ptr", "wts_ptr"}  # fp32 buffers by name
@@ -134,9 +163,10 @@ def main(argv=None) -> None:
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="one JSON list of the summaries instead of a table")
     ap.add_argument("--pdl", action="store_true", help="the decode step's kernels: their griddepcontrol counts")
+    ap.add_argument("--decode", action="store_true", help="the decode up kernel: how it converts 8-bit weights")
     a = ap.parse_args(argv)
-    if a.pdl:
-        print(json.dumps(decode_step_pdl(a.target)))
+    if a.pdl or a.decode:
+        print(json.dumps(decode_step_pdl(a.target) if a.pdl else decode_conversions(a.target)))
         return
     opts, rows = dict(target=a.target, num_warps=a.warps, num_stages=a.stages), []
     for kind in ("up", "down"):

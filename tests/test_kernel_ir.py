@@ -66,6 +66,20 @@ def test_decode_step_kernels_compile_with_pdl_for_sm90():
         assert r["wait"] == 1 and r["launch_dependents"] == 1, r
 
 
+def test_decode_conversions_are_counted():
+    """The decode up kernel compiles for sm_90 with every weight format; bf16 weights feed the MMA as
+    they are (no conversion of one value at a time), 8-bit codes are converted (one way or another)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-m", "dispatch_book.kernel_ir", "--decode", "--target", "90"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["weights"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
+    assert set(rows) == {"bf16", "int8", "fp8"} and rows["bf16"]["cvt_scalar"] == 0
+    for w in ("int8", "fp8"):
+        r, bf = rows[w], rows["bf16"]
+        assert r["cvt_scalar"] + r["cvt_packed"] + r["byte_permutes"] > bf["cvt_packed"] + bf["byte_permutes"], r
+
+
 def test_fp8_rows_compiles_for_sm90():
     """The w8a8 activation quantizer, with and without the used-block bound, compiles for sm_90."""
     script = r'''
