@@ -22,6 +22,13 @@ import re
 UNIT_STRIDES = {"s_xh", "s_wk", "s_hi", "s_oh", "s_sc"}  # contiguous last dims of x, w, h, out, scales
 
 
+def _check_compiled(fn) -> None:
+    """Refuse a kernel defined for Triton's interpreter (it cannot be compiled), saying the fix."""
+    if not hasattr(fn, "cache_key"):
+        raise RuntimeError("the kernels were defined for Triton's interpreter: run with TRITON_INTERPRET=0 "
+                           "set before dispatch is imported")
+
+
 def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, num_warps: int = 8,
                     num_stages: int = 3) -> dict:
     """Compile ``fn`` for sm_<target> and summarise its TTGIR (counts, shared bytes, spills)."""
@@ -57,9 +64,7 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     from dispatch.kernels import grouped_kernels as gk
 
     fn = gk._up_swiglu_kernel if kind == "up" else gk._down_kernel
-    if not hasattr(fn, "cache_key"):
-        raise RuntimeError("the kernels were defined for Triton's interpreter: run with TRITON_INTERPRET=0 "
-                           "set before dispatch is imported")
+    _check_compiled(fn)
     quant = weights != "bf16"
     const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
@@ -87,9 +92,7 @@ def decode_conversions(target: int = 90) -> list[dict]:
     from dispatch.kernels import gemv_kernels as gk
 
     fn = gk._up_swiglu_kernel
-    if not hasattr(fn, "cache_key"):
-        raise RuntimeError("the kernels were defined for Triton's interpreter: set TRITON_INTERPRET=0 "
-                           "before dispatch is imported")
+    _check_compiled(fn)
     rows = []
     for weights, wtype in (("bf16", "*bf16"), ("int8", "*i8"), ("fp8", "*fp8e4nv")):
         if weights == "fp8" and target < 89:
@@ -143,9 +146,7 @@ def decode_step_pdl(target: int = 90) -> list[dict]:
     os.environ.setdefault("TRITON_INTERPRET", "0")
     rows = []
     for name, fn, const in _decode_step_kernels():
-        if not hasattr(fn, "cache_key"):
-            raise RuntimeError("the kernels were defined for Triton's interpreter: set TRITON_INTERPRET=0 "
-                               "before dispatch is imported")
+        _check_compiled(fn)
         const = dict(const, PDL=2 if name in LATE else 1)
         sig = {n: "constexpr" if n in const else ("*fp32" if n in FP32_PTRS else "*i32" if n in
                ("ids_ptr", "pos_ptr") else "*bf16") if n.endswith("_ptr") else "fp32" if n in FP32_ARGS else "i32"

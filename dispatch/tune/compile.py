@@ -60,7 +60,8 @@ def _compile_job(job) -> list[str]:
                                           down_EHI=torch.zeros(c.E, c.H, c.I, device=dev, dtype=dtype)))()
     cfg, w, x_TH, weights_TK, ids_TK = search.make_case(name, T, dev, dtype, _CASES[name])
     failed = []
-    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, kind[7:]) if kind.startswith("decode:") else None
+    scheme = kind.removeprefix("decode:") if kind.startswith("decode:") else None
+    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme) if scheme else None
     for c in cands:
         try:
             if qe is not None:

@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import torch
 
-from dispatch import runtime, tables
+from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.reference import experts_reference, rel_err, route_reference
@@ -164,21 +165,31 @@ def tune_grouped(name, T, case, dev, timer, log) -> dict:
     return out
 
 
+def _descend(base, steps, run, ref, what, dev, timer, log, fit=lambda c: c):
+    """Coordinate descent over decode configs: ``run(base)`` checked against ``ref``, then each step
+    of ``steps(base, sms)`` (its candidates through ``fit``, duplicates merged) moves only to a config
+    measured faster than the current one → (best, its µs, the base's µs)."""
+    y = run(base)
+    err = rel_err(y, ref)
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{what}: the decode kernels are wrong (rel err {err:.3g})")
+    best, base_us = base, timer(lambda: run(base), base)
+    best_us = base_us
+    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
+    for step in steps(base, sms):
+        cands = list(dict.fromkeys(fit(c) for c in step(best)))
+        cand, cand_us, _ = _best(cands, run, y, timer, log, "decode")
+        if cand_us < best_us:
+            best, best_us = cand, cand_us
+    return best, best_us, base_us
+
+
 def tune_decode(name, T, case, dev, timer, log) -> dict:
     cfg, w, x_TH, weights_TK, ids_TK = case
     args = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
-    base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
-    y = moe_decode(*args, config=base)
-    err = rel_err(y, experts_reference(x_TH, weights_TK.to(x_TH.dtype), *args[2:]))
-    if not err <= TOLERANCE:
-        raise AssertionError(f"{name} T={T}: the decode kernels are wrong (rel err {err:.3g})")
-    best, heuristic_us = base, timer(lambda: moe_decode(*args, config=base), base)
-    best_us = heuristic_us
-    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
-    for step in decode_steps(base, sms):  # a step moves only to a config measured faster than the current one
-        cand, cand_us, _ = _best(step(best), lambda c: moe_decode(*args, config=c), y, timer, log, "decode")
-        if cand_us < best_us:
-            best, best_us = cand, cand_us
+    ref = experts_reference(x_TH, weights_TK.to(x_TH.dtype), *args[2:])
+    best, best_us, heuristic_us = _descend(tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev), decode_steps,
+                                           lambda c: moe_decode(*args, config=c), ref, f"{name} T={T}", dev, timer, log)
     log(f"{name} T={T:5d} decode  {best_us:9.1f} us (heuristic {heuristic_us:9.1f}) {tiles.as_dict(best)}")
     return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
 
@@ -187,9 +198,6 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
     """Decode tiles for experts quantized in ``scheme``: coordinate descent (:func:`quant_steps`)
     from the bf16 decode's tiles, which the launcher takes when the table has none for the scheme;
     every candidate shrunk to fit the scale blocks (``quant_gemv.fit_scales``)."""
-    from dispatch import quant
-    from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
-
     cfg, w, x_TH, weights_TK, ids_TK = case
     qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
 
@@ -197,18 +205,8 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
         return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=c)
 
     base = fit_scales(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev), qe)
-    y = run(base)
-    err = rel_err(y, moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe))
-    if not err <= TOLERANCE:
-        raise AssertionError(f"{name} T={T}: the {scheme} decode kernels are wrong (rel err {err:.3g})")
-    best, start_us = base, timer(lambda: run(base), base)
-    best_us = start_us
-    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
-    for step in quant_steps(base, sms):
-        cands = list(dict.fromkeys(fit_scales(c, qe) for c in step(best)))  # fitting may merge some
-        cand, cand_us, _ = _best(cands, run, y, timer, log, f"decode {scheme}")
-        if cand_us < best_us:
-            best, best_us = cand, cand_us
+    best, best_us, start_us = _descend(base, quant_steps, run, moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe),
+                                       f"{name} T={T} {scheme}", dev, timer, log, fit=lambda c: fit_scales(c, qe))
     log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
     return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
 
