@@ -17,13 +17,18 @@ per output column covers the whole chunk. Where one scale covers a whole row (pe
 weight-only), it is applied once after the reduction (``LATE_SCALE``): the plain ``tl.dot``
 accumulation, one multiply per output.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+from dispatch import runtime
 from dispatch.kernels import tiles
 
 _FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value (dispatch.quant.formats.FP8_MAX)
+# e4m3 → bf16 by bit placement (_e4m3_bf16) where compiled; the interpreter cannot run inline PTX
+_BITS_CVT = tl.constexpr(not runtime.INTERPRET and os.environ.get("DISPATCH_FP8_CVT", "bits") == "bits")
 
 
 @triton.jit
@@ -47,6 +52,50 @@ def _e4m3_round(v):
     magic = 12582912.0  # 1.5 · 2^23: adding and subtracting it rounds to an integer, ties to even
     subnormal = ((v * 512.0 + magic) - magic) / 512.0  # below 2^-6, e4m3 steps by 2^-9
     return tl.where(tl.abs(v) < 0.015625, subnormal, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _e4m3_bf16(q):
+    """fp8 e4m3 codes → bf16, exactly, four per 32-bit register, on the integer and FMA pipes.
+
+    The hardware path converts e4m3 pairs to fp16 (one packed ``cvt``), then each fp16 to bf16 on its
+    own (a scalar ``F2F`` per code, a quarter-rate unit): the decode kernels' bottleneck after memory.
+    Here the code's byte is placed in the high byte of a 16-bit half (``prmt``); its sign is already
+    bf16's, its 4 exponent and 3 mantissa bits move right by 4 into bf16's low exponent and high
+    mantissa bits, so the half reads as the code's value × 2^-120 (subnormal codes too: they become
+    bf16 subnormals); one ``fma.rn.bf16x2`` by 2^120 restores it. The NaN codes 0x7F/0xFF would read
+    as ±480; the quantizer never writes them. Needs sm_89+ (as do all fp8 codes here)."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 lo, hi, t, two120, nz;
+        mov.b32 two120, 0x7B807B80;
+        mov.b32 nz, 0x80008000;
+        prmt.b32 lo, $2, 0, 0x1404;
+        prmt.b32 hi, $2, 0, 0x3424;
+        shr.b32 t, lo, 4;
+        and.b32 t, t, 0x07F007F0;
+        and.b32 lo, lo, 0x80008000;
+        or.b32 lo, lo, t;
+        fma.rn.bf16x2 $0, lo, two120, nz;
+        shr.b32 t, hi, 4;
+        and.b32 t, t, 0x07F007F0;
+        and.b32 hi, hi, 0x80008000;
+        or.b32 hi, hi, t;
+        fma.rn.bf16x2 $1, hi, two120, nz;
+        }
+        """,
+        "=r,=r,r", [q.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _codes_as(q, dtype: tl.constexpr):
+    """8-bit codes in a matmul dtype, exactly: :func:`_e4m3_bf16` for fp8 → bf16 where compiled."""
+    if _BITS_CVT and q.dtype == tl.float8e4nv and dtype == tl.bfloat16:
+        w = _e4m3_bf16(q)
+    else:
+        w = q.to(dtype)
+    return w
 
 
 @triton.jit
@@ -93,9 +142,9 @@ def _qdot(a, s_M, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr,
             w = (q.to(tl.float32) * s_N[None, :]).to(a.dtype)  # scaled operand
             acc = tl.dot(tl.trans(w), tl.trans(a), acc)  # acc.T += w.T @ a.T
         elif LATE_SCALE:
-            acc = tl.dot(a, q.to(a.dtype), acc)  # its scale: after the loop
+            acc = tl.dot(a, _codes_as(q, a.dtype), acc)  # its scale: after the loop
         else:
-            acc = acc + tl.dot(a, q.to(a.dtype)) * s_N[None, :]
+            acc = acc + tl.dot(a, _codes_as(q, a.dtype)) * s_N[None, :]
     else:
         acc = tl.dot(a, q, acc)  # unquantized: the plain kernel's dot
     return acc  # one exit (as Triton 3.6 compiles constexpr branches)
