@@ -32,6 +32,7 @@ import torch
 
 from dispatch import quant, runtime
 from dispatch.config import PRESETS, random_weights
+from dispatch.kernels import quant_kernels
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     path = bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty,
                       extra={"read_bps": read_bps, "read_bps_source": source, "memory": memory,
                              "layer_errors": errors, "dtype": str(runtime.compute_dtype(dev)),
-                             "quick": a.quick, "timing": "graph_7x30"})
+                             "quick": a.quick, "timing": "graph_7x30",
+                             "fp8_convert": "bits" if quant_kernels.BITS_CVT else "hw"})
     print(f"wrote {path}")
 
 
