@@ -68,9 +68,9 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
 
     ``experts`` from :func:`dispatch.quant.quantize_experts`, on x's device. ``config`` as for
     ``moe_decode``; its block_h / block_id must fit the scale blocks (default: the table's tiles
-    for this scheme where ``python -m dispatch.tune --quant`` wrote them, else the bf16 decode's,
-    tuned or heuristic, shrunk to fit: on an H200 those beat the heuristic's, and wider reduction
-    chunks for the 1-byte codes lost under the old decode grid). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
+    for this scheme where ``python -m dispatch.tune --quant`` wrote them — the H200 table has
+    int8-channel, fp8-block128 and fp8-channel for the four benchmark shapes — else the bf16
+    decode's, tuned or heuristic, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
     The kernels are the decode kernels of ``moe_decode`` with ``QUANT=True``.
     """
     gu, dn = stand_ins(x_TH, experts)
