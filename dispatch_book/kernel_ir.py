@@ -66,7 +66,7 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     fn = gk._up_swiglu_kernel if kind == "up" else gk._down_kernel
     _check_compiled(fn)
     quant = weights != "bf16"
-    const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m,
+    const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=False,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
                  WFIRST=quant and not w8a8 and not late_scale and weight_first)
     wtype = {"bf16": "*bf16", "int8": "*i8", "fp8": "*fp8e4nv"}[weights]
@@ -108,16 +108,21 @@ def decode_conversions(target: int = 90) -> list[dict]:
 
 
 FP32_PTRS = {"m_ptr", "l_ptr", "acc_ptr", "inv_ptr", "weights_ptr", "wts_ptr"}  # fp32 buffers by name
+INT32_PTRS = {"ids_ptr", "pos_ptr", "hist_ptr", "counts_ptr", "before_ptr", "offsets_ptr", "num_blocks_ptr",
+              "sorted_rows_ptr", "block_expert_ptr", "slot_of_ptr", "rows_ptr", "bexp_ptr"}  # the sort's, by name
 FP32_ARGS = {"eps", "scale", "qk_scale", "scaling"}
-LATE = {"decode up", "decode down", "combine", "down_combine"}  # launched with launch_kw(late=True)
+# launched with launch_kw(late=True)
+LATE = {"decode up", "decode down", "combine", "down_combine", "grouped up", "grouped down"}
 
 
 def _decode_step_kernels() -> list[tuple[str, object, dict]]:
     """(name, kernel, constexprs) of every kernel a decode step launches with PDL (chapter 6)."""
     from dispatch.engine import attention, fused, fused_moe
-    from dispatch.kernels import combine, dense_gemv, gemv_kernels, routing
+    from dispatch.kernels import combine, dense_gemv, gemv_kernels, grouped_kernels, routing, sort
 
     dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3)
+    gemm = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, GROUP_M=8, SBR=1, SBC=1, QUANT=False,
+                W8A8=False, LATE_SCALE=False, WFIRST=False)
     return [
         ("dense_gemv M=1", dense_gemv._dense_gemv_kernel,
          dict(HAS_BIAS=False, DOT=False, PRECISION="tf32", BLOCK_N=4, BLOCK_K=2048, NUM_STAGES=1)),
@@ -137,6 +142,12 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
         ("router_topk", fused_moe._router_topk_kernel, dict(K=8, RENORM=False, BLOCK_E=64, BLOCK_H=128,
                                                             BLOCK_K=8)),
         ("down_combine", fused_moe._down_combine_kernel, dict(K=8, BLOCK_HO=8, BLOCK_I=256)),
+        # batches above the decode crossover: the sort, then chapter 2's grouped GEMM
+        ("sort histogram", sort._block_histogram_kernel, dict(K=8, BLOCK_N=64, BLOCK_E=64, CHUNK=32)),
+        ("sort scan", sort._scan_blocks_kernel, dict(BLOCK_B=64, BLOCK_E2=32)),
+        ("sort scatter", sort._scatter_kernel, dict(K=8, BLOCK_M=64, BLOCK_N=64, BLOCK_E=32, CHUNK=32)),
+        ("grouped up", grouped_kernels._up_swiglu_kernel, dict(gemm, TOP_K=8)),
+        ("grouped down", grouped_kernels._down_kernel, gemm),
     ]
 
 
@@ -148,9 +159,8 @@ def decode_step_pdl(target: int = 90) -> list[dict]:
     for name, fn, const in _decode_step_kernels():
         _check_compiled(fn)
         const = dict(const, PDL=2 if name in LATE else 1)
-        sig = {n: "constexpr" if n in const else ("*fp32" if n in FP32_PTRS else "*i32" if n in
-               ("ids_ptr", "pos_ptr") else "*bf16") if n.endswith("_ptr") else "fp32" if n in FP32_ARGS else "i32"
-               for n in fn.arg_names}
+        sig = {n: "constexpr" if n in const else ("*fp32" if n in FP32_PTRS else "*i32" if n in INT32_PTRS
+               else "*bf16") if n.endswith("_ptr") else "fp32" if n in FP32_ARGS else "i32" for n in fn.arg_names}
         c = compile_offline(fn, sig, const, target=target, num_warps=4)
         rows.append({"kernel": name, "wait": c["pdl_waits"], "launch_dependents": c["pdl_launches"]})
     return rows

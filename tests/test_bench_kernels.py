@@ -18,7 +18,7 @@ def test_every_contestant_matches_the_reference(name, T):
     x_TH = torch.randn(T, cfg.H, generator=torch.Generator().manual_seed(5))
     weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg)
     out = contestants(cfg, w, x_TH, weights_TK, ids_TK, torch.device("cpu"))
-    assert {"hf_eager", "hf_grouped_mm", "ours_grouped", "ours_decode", "ours_layer"} <= set(out)
+    assert {"hf_eager", "hf_grouped_mm", "ours_grouped", "ours_decode", "ours_no_pdl", "ours_layer"} <= set(out)
     want = moe_reference(x_TH, cfg, w)
     for cname, (fn, reason) in out.items():
         if fn is None or reason is not None:

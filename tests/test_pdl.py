@@ -65,7 +65,7 @@ def test_kernels_bitwise_with_and_without_pdl():
     assert torch.equal(on, off)
     cfg = MoEConfig(hidden_size=256, intermediate_size=128, num_experts=16, top_k=4)
     wts = random_weights(cfg, seed=0, dtype=dt, device="cuda")
-    for T in (1, 7, 200):  # decode kernels, then the grouped GEMM
+    for T in (1, 7, 200, 3000):  # decode kernels, then the sort and the grouped GEMM (one wave, many)
         x = torch.randn(T, 256, device="cuda", dtype=dt, generator=g)
         on, off = _both(lambda x=x: moe(x, cfg, wts))
         assert torch.equal(on, off), T

@@ -19,7 +19,7 @@ import torch
 import triton
 from torch.library import custom_op
 
-from dispatch.kernels import tiles
+from dispatch.kernels import pdl, tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.grouped_kernels import _down_kernel, _down_tile, _swizzle, _up_swiglu_kernel, _up_tile  # noqa: F401
@@ -42,7 +42,8 @@ def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, sha
     config = config or tiles.gemm_config(kind, block_m, *shape)
     meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
     kernel[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const, GROUP_M=config.group_m,
-                          num_warps=config.num_warps, num_stages=config.num_stages)
+                          num_warps=config.num_warps, num_stages=config.num_stages,
+                          **pdl.launch_kw(shape[6], late=True))  # several waves: release at the end
 
 
 def _activations(a: torch.Tensor, w8a8: bool, quant: dict, **used) -> tuple[torch.Tensor, torch.Tensor, int]:

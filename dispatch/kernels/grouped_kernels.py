@@ -7,6 +7,7 @@ One program = one (block of BLOCK_M sorted rows, column tile). The weights are b
 import triton
 import triton.language as tl
 
+from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qacc, _qdot, _qout
 
 
@@ -83,13 +84,15 @@ def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET
                       TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
-                      LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr):
+                      LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)  # chapter 6: wait for the sort
     pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:  # blocks past the used ones do nothing
         _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                  s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
                  s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as)
+    pdl_exit(PDL)
 
 
 @triton.jit
@@ -137,10 +140,12 @@ def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_
                  s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh, s_ptr, s_se, s_sr, s_sc, as_ptr, s_as,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  GROUP_M: tl.constexpr, SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr,
-                 W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr):
+                 W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:
         _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
                    s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
                    s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as)
+    pdl_exit(PDL)

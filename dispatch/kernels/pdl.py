@@ -13,9 +13,9 @@ issues its first weight load before the wait.
 Every kernel of the decode step takes ``PDL: tl.constexpr`` and calls :func:`pdl_wait` (or
 :func:`pdl_enter`) before its first access to activations; the launchers pass ``**launch_kw(device)``.
 Where the next kernel is released matters. ``PDL = 1`` releases it at the start (:func:`pdl_enter`):
-right for the short kernels of the step (norms, rope, attention, the GEMVs, routing). ``PDL = 2``
-(``launch_kw(device, late=True)``) releases it at the end (:func:`pdl_exit`): the decode experts
-kernels, which run for several waves of programs. Measured on an H200 (graph-timed, Mixtral's layer at
+right for the short kernels of the step (norms, rope, attention, the GEMVs, routing, the sort's three
+kernels). ``PDL = 2`` (``launch_kw(device, late=True)``) releases it at the end (:func:`pdl_exit`): the
+decode experts kernels and the grouped GEMM's, which run for several waves of programs. Measured on an H200 (graph-timed, Mixtral's layer at
 one token), releasing those early made the layer ~28% slower than plain launches, releasing them late
 made it no slower and OLMoE's one-token layer ~7% faster.
 

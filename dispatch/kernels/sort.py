@@ -31,7 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from dispatch.kernels import pdl
 from dispatch.kernels.checks import check_ids_in_range, check_launch
+from dispatch.kernels.pdl import pdl_enter
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,9 @@ def _load_ids(ids_ptr, n, N, E, stride_t, stride_k, K: tl.constexpr, other):
 
 @triton.jit
 def _block_histogram_kernel(ids_ptr, hist_ptr, N, E, stride_t, stride_k, K: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+                            BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+                            PDL: tl.constexpr):
+    pdl_enter(PDL)  # chapter 6: release the next kernel, wait for the ids
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_E)
     acc = tl.zeros([BLOCK_E], tl.int32)
@@ -97,7 +101,9 @@ def _block_histogram_kernel(ids_ptr, hist_ptr, N, E, stride_t, stride_k, K: tl.c
 
 
 @triton.jit
-def _scan_blocks_kernel(hist_ptr, counts_ptr, NB, E, BLOCK_B: tl.constexpr, BLOCK_E2: tl.constexpr):
+def _scan_blocks_kernel(hist_ptr, counts_ptr, NB, E, BLOCK_B: tl.constexpr, BLOCK_E2: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_enter(PDL)
     cols = tl.program_id(0) * BLOCK_E2 + tl.arange(0, BLOCK_E2)
     cmask = cols < E
     carry = tl.zeros([BLOCK_E2], tl.int32)
@@ -115,7 +121,8 @@ def _scan_blocks_kernel(hist_ptr, counts_ptr, NB, E, BLOCK_B: tl.constexpr, BLOC
 def _scatter_kernel(ids_ptr, before_ptr, counts_ptr, offsets_ptr, num_blocks_ptr, sorted_rows_ptr,
                     block_expert_ptr, slot_of_ptr, N, E, P, B, stride_t, stride_k, K: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                    CHUNK: tl.constexpr):
+                    CHUNK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     i = tl.arange(0, BLOCK_N)
     n = pid * BLOCK_N + i  # this program's routed rows, and also its slots and its blocks
@@ -225,14 +232,16 @@ def sort_by_expert(ids_TK: torch.Tensor, num_experts: int, block_m: int, *, chec
     else:
         BLOCK_E = triton.next_power_of_2(E)
         st, sk = ids_TK.stride()
+        launch = pdl.launch_kw(ids_TK.device)  # three short kernels: each releases the next at its start
         _block_histogram_kernel[(NB,)](ids_TK, hist, N, E, st, sk, K=K, BLOCK_N=BLOCK_N, BLOCK_E=BLOCK_E,
-                                       CHUNK=max(1, min(BLOCK_N, 4096 // BLOCK_E)))
+                                       CHUNK=max(1, min(BLOCK_N, 4096 // BLOCK_E)), **launch)
         BLOCK_E2 = min(32, BLOCK_E)  # hist becomes `before` in place
-        _scan_blocks_kernel[(triton.cdiv(E, BLOCK_E2),)](hist, counts_E, NB, E, BLOCK_B=64, BLOCK_E2=BLOCK_E2)
+        _scan_blocks_kernel[(triton.cdiv(E, BLOCK_E2),)](hist, counts_E, NB, E, BLOCK_B=64, BLOCK_E2=BLOCK_E2,
+                                                         **launch)
         _scatter_kernel[(triton.cdiv(P, BLOCK_N),)](
             ids_TK, hist, counts_E, offsets_E1, num_blocks_1, sorted_rows_P, block_expert_B, slot_of_N,
             N, E, P, B, st, sk, K=K, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_E=min(BLOCK_E, 32),
-            CHUNK=min(BLOCK_N, 32), num_warps=8)
+            CHUNK=min(BLOCK_N, 32), num_warps=8, **launch)
     return SortedRoutes(sorted_rows_P, block_expert_B, slot_of_N, counts_E, offsets_E1, num_blocks_1,
                         num_tokens=T, top_k=K, num_experts=E, block_m=block_m)
 

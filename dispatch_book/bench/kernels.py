@@ -7,12 +7,13 @@ timed call is the experts part (plus the shared expert in torch, for every conte
 the layer has one). ``ours_grouped`` / ``ours_decode`` are our two paths (tiles from
 ``dispatch.kernels.tiles``); the row of the one ``moe`` picks (decode for T ≤ the tuned crossover) has
 ``chosen``; ``ours_persistent`` the grouped path under the persistent schedule (from 256 tokens);
-``peer_fused_moe`` a vLLM-design fused-MoE kernel (``peers``), best of its configs per
-size, its alignment step excluded. Ours and the peer are timed under CUDA-graph replay (median of 7
-replays of 30 calls) with the host time of one eager call recorded apart (``host_us``); transformers'
-contestants as a user calls them. ``ours_layer`` times our whole layer. Ours is checked against the
-reference before it is timed. Rows: ``results/<gpu>/kernels.json`` with % of the measured read
-bandwidth (bytes = distinct experts × 3·H·I·2) and % of the measured bf16 peak.
+``ours_no_pdl`` the path ``moe`` picks with plain launches (no programmatic dependent launch, chapter 6:
+what PDL is worth at each size, measured in the same run); ``peer_fused_moe`` a vLLM-design fused-MoE
+kernel (``peers``), best of its configs per size, its alignment step excluded. Ours and the peer are
+timed under CUDA-graph replay (median of 7 replays of 30 calls) with the host time of one eager call
+recorded apart (``host_us``); transformers' contestants as a user calls them. ``ours_layer`` times our
+whole layer. Ours is checked against the reference before it is timed. Rows: ``results/<gpu>/kernels.json``
+with % of the measured read bandwidth (bytes = distinct experts × 3·H·I·2) and % of the measured bf16 peak.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch
 from dispatch import runtime
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import grouped_gemm as gg
-from dispatch.kernels import tiles
+from dispatch.kernels import pdl, tiles
 from dispatch.reference import experts_reference, route_reference, shared_reference
 from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
@@ -89,6 +90,14 @@ def peer(cfg, w, x_TH, weights_TK, ids_TK, ref_TH, dev):
     return best[1], best[2]
 
 
+def _plain_launches(fn):
+    """fn with PDL off: launched, and captured into a graph, without the launch attribute."""
+    def run():
+        with pdl.disabled():
+            return fn()
+    return run
+
+
 def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     """name -> (fn, reason it is skipped or None). Every fn returns y_TH (shared expert included)."""
     def with_shared(fn):
@@ -115,6 +124,8 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     out["ours_grouped"] = (with_shared(lambda: gg.moe_experts(*args)), None)
     out["ours_decode"] = (with_shared(lambda: moe_decode(*args)), None if T <= 256 else "decode path: T ≤ 256")
     out["ours_grouped"][0].chosen, out["ours_decode"][0].chosen = T > crossover, T <= crossover
+    chosen = out["ours_decode" if T <= crossover else "ours_grouped"][0]
+    out["ours_no_pdl"] = (_plain_launches(chosen), None)
     out["ours_persistent"] = (with_shared(lambda: moe_experts_persistent(*args)),
                               None if T >= 256 else "persistent schedule: timed from 256 tokens")
     if ref_TH is not None:
