@@ -213,6 +213,17 @@ def test_gpu_quant_kernels(scheme, cfg, T):
         assert rel(y8, twin) < 0.08
 
 
+def test_a_bad_fp8_conversion_setting_is_refused():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DISPATCH_FP8_CVT": "fast"}
+    out = subprocess.run([sys.executable, "-c", "import dispatch.kernels.quant_kernels"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "DISPATCH_FP8_CVT must be 'bits' (the default) or 'hw'" in out.stderr
+
+
 @pytest.mark.gpu
 def test_gpu_e4m3_to_bf16_by_bits_is_exact():
     """The kernels' fp8 → bf16 bit placement (``_codes_as``) equals torch's conversion, bitwise,

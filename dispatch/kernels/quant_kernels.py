@@ -29,7 +29,10 @@ from dispatch.kernels import tiles
 _FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value (dispatch.quant.formats.FP8_MAX)
 # fp8 e4m3 → bf16 by bit placement (_e4m3_bf16) where compiled (the interpreter runs no inline PTX);
 # DISPATCH_FP8_CVT=hw keeps the hardware's e4m3 → f16 → bf16 conversion (benchmarks compare the two)
-BITS_CVT = not runtime.INTERPRET and os.environ.get("DISPATCH_FP8_CVT", "bits") == "bits"
+_CVT = os.environ.get("DISPATCH_FP8_CVT", "bits")
+if _CVT not in ("bits", "hw"):
+    raise ValueError(f"DISPATCH_FP8_CVT must be 'bits' (the default) or 'hw', got {_CVT!r}")
+BITS_CVT = not runtime.INTERPRET and _CVT == "bits"
 _BITS_CVT = tl.constexpr(BITS_CVT)
 
 
