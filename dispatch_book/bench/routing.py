@@ -4,7 +4,9 @@
 
 For each layer shape (E experts, top-K, its routing family) and token count T, times
 ``route`` vs ``route_torch`` (the reference router), ``sort_by_expert`` vs ``sort_by_expert_torch``,
-and the two chained (``route+sort``). Ours is checked against the twin before it is timed.
+and the two chained (``route+sort``). Ours is checked against the twin before it is timed. Each
+call is timed as a Python caller sees it (``median_ms``, host launch overhead included); ours, on
+a GPU, also from a CUDA graph (``graph_median_ms``, the kernels alone, as a decode step runs them).
 Rows go to ``<out>/<gpu>/routing_sort.json`` via ``dispatch_book.bench.save`` (``--out results``
 records them for the book).
 """
@@ -78,8 +80,17 @@ def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 
             for (op, impl), fn in fns.items():
                 t = bench.time_ms(fn) if dev.type == "cuda" else bench.time_ms(fn, warmup=1, rep=3)
                 rows.append({"shape": name, "E": cfg.E, "K": cfg.K, "T": T, "op": op, "impl": impl,
-                             "block_m": block_m, "dtype": str(logits.dtype).replace("torch.", ""), **t})
+                             "block_m": block_m, "dtype": str(logits.dtype).replace("torch.", ""), **t,
+                             **(_graph_time(fn) if dev.type == "cuda" and impl == "ours" else {})})
     return rows
+
+
+def _graph_time(fn) -> dict:
+    """``graph_median_ms`` of one of ours (no host sync: CUDA-graph capturable, as the tests check):
+    timed as the kernels race times, a CUDA graph of 30 calls, median per call, no launch overhead."""
+    from dispatch_book.bench.kernels import graph_7x30
+
+    return {"graph_median_ms": graph_7x30(fn)["median_ms"]}
 
 
 def main(argv: list[str] | None = None) -> None:
