@@ -20,6 +20,25 @@ import os
 import re
 
 UNIT_STRIDES = {"s_xh", "s_wk", "s_hi", "s_oh", "s_sc"}  # contiguous last dims of x, w, h, out, scales
+FP32_PTRS = {"m_ptr", "l_ptr", "acc_ptr", "inv_ptr", "weights_ptr", "wts_ptr"}  # fp32 buffers by name
+INT32_PTRS = {"ids_ptr", "pos_ptr", "hist_ptr", "counts_ptr", "before_ptr", "offsets_ptr", "num_blocks_ptr",
+              "sorted_rows_ptr", "block_expert_ptr", "slot_of_ptr", "rows_ptr", "bexp_ptr"}  # the sort's, by name
+FP32_ARGS = {"eps", "scale", "qk_scale", "scaling"}
+
+
+def _signature(fn, const: dict, ptrs: dict | None = None) -> dict:
+    """``fn``'s arguments typed as a launch specialises them: the names in ``const`` constexpr; a
+    pointer as ``ptrs`` says, else by name (FP32_PTRS, INT32_PTRS), else bf16; FP32_ARGS fp32; other
+    scalars i32."""
+    ptrs = ptrs or {}
+
+    def typed(n):
+        if n in const:
+            return "constexpr"
+        if n.endswith("_ptr"):
+            return ptrs.get(n) or ("*fp32" if n in FP32_PTRS else "*i32" if n in INT32_PTRS else "*bf16")
+        return "fp32" if n in FP32_ARGS else "i32"
+    return {n: typed(n) for n in fn.arg_names}
 
 
 def _check_compiled(fn) -> None:
@@ -69,18 +88,11 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=False,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
                  WFIRST=quant and not w8a8 and not late_scale and weight_first)
-    wtype = {"bf16": "*bf16", "int8": "*i8", "fp8": "*fp8e4nv"}[weights]
-    sig = {}
-    for n in fn.arg_names:
-        if n in const or n in UNIT_STRIDES:
-            sig[n] = "constexpr"
-            const.setdefault(n, 1)
-        elif n.endswith("_ptr"):
-            act = "x_ptr" if kind == "up" else "h_ptr"  # w8a8: fp8 activation codes
-            sig[n] = wtype if n == "w_ptr" else "*i32" if n in ("rows_ptr", "bexp_ptr") else \
-                "*fp32" if n in ("s_ptr", "wts_ptr", "as_ptr") else "*fp8e4nv" if w8a8 and n == act else "*bf16"
-        else:
-            sig[n] = "i32"
+    const.update((n, 1) for n in fn.arg_names if n in UNIT_STRIDES)
+    ptrs = {"w_ptr": {"bf16": "*bf16", "int8": "*i8", "fp8": "*fp8e4nv"}[weights], "s_ptr": "*fp32", "as_ptr": "*fp32"}
+    if w8a8:  # fp8 activation codes
+        ptrs["x_ptr" if kind == "up" else "h_ptr"] = "*fp8e4nv"
+    sig = _signature(fn, const, ptrs)
     return compile_offline(fn, sig, {k: v for k, v in const.items() if k in sig}, **opts)
 
 
@@ -100,17 +112,12 @@ def decode_conversions(target: int = 90) -> list[dict]:
         q = weights != "bf16"
         const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=32, BLOCK_H=128,
                      BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, PDL=False)
-        sig = {n: "constexpr" if n in const else (wtype if n == "gu_ptr" else "*fp32" if n == "gs_ptr" else
-               "*i32" if n == "ids_ptr" else "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
-        c = compile_offline(fn, sig, const, target=target, num_warps=4)
+        c = compile_offline(fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const,
+                            target=target, num_warps=4)
         rows.append({"weights": weights, **{k: c[k] for k in ("cvt_scalar", "cvt_packed", "byte_permutes")}})
     return rows
 
 
-FP32_PTRS = {"m_ptr", "l_ptr", "acc_ptr", "inv_ptr", "weights_ptr", "wts_ptr"}  # fp32 buffers by name
-INT32_PTRS = {"ids_ptr", "pos_ptr", "hist_ptr", "counts_ptr", "before_ptr", "offsets_ptr", "num_blocks_ptr",
-              "sorted_rows_ptr", "block_expert_ptr", "slot_of_ptr", "rows_ptr", "bexp_ptr"}  # the sort's, by name
-FP32_ARGS = {"eps", "scale", "qk_scale", "scaling"}
 # launched with launch_kw(late=True)
 LATE = {"decode up", "decode down", "combine", "down_combine", "grouped up", "grouped down"}
 
@@ -159,9 +166,7 @@ def decode_step_pdl(target: int = 90) -> list[dict]:
     for name, fn, const in _decode_step_kernels():
         _check_compiled(fn)
         const = dict(const, PDL=2 if name in LATE else 1)
-        sig = {n: "constexpr" if n in const else ("*fp32" if n in FP32_PTRS else "*i32" if n in INT32_PTRS
-               else "*bf16") if n.endswith("_ptr") else "fp32" if n in FP32_ARGS else "i32" for n in fn.arg_names}
-        c = compile_offline(fn, sig, const, target=target, num_warps=4)
+        c = compile_offline(fn, _signature(fn, const), const, target=target, num_warps=4)
         rows.append({"kernel": name, "wait": c["pdl_waits"], "launch_dependents": c["pdl_launches"]})
     return rows
 

@@ -21,6 +21,7 @@ from dispatch.config import PRESETS
 from dispatch.kernels.routing import route, route_torch
 from dispatch.kernels.sort import sort_by_expert, sort_by_expert_torch
 from dispatch_book import bench
+from dispatch_book.bench.kernels import graph_7x30
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3")  # E = 64, 128, 256; K = 8
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
@@ -80,17 +81,10 @@ def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 
             for (op, impl), fn in fns.items():
                 t = bench.time_ms(fn) if dev.type == "cuda" else bench.time_ms(fn, warmup=1, rep=3)
                 rows.append({"shape": name, "E": cfg.E, "K": cfg.K, "T": T, "op": op, "impl": impl,
-                             "block_m": block_m, "dtype": str(logits.dtype).replace("torch.", ""), **t,
-                             **(_graph_time(fn) if dev.type == "cuda" and impl == "ours" else {})})
+                             "block_m": block_m, "dtype": str(logits.dtype).replace("torch.", ""), **t})
+                if dev.type == "cuda" and impl == "ours":  # capturable (no host sync): the kernels alone
+                    rows[-1]["graph_median_ms"] = graph_7x30(fn)["median_ms"]
     return rows
-
-
-def _graph_time(fn) -> dict:
-    """``graph_median_ms`` of one of ours (no host sync: CUDA-graph capturable, as the tests check):
-    timed as the kernels race times, a CUDA graph of 30 calls, median per call, no launch overhead."""
-    from dispatch_book.bench.kernels import graph_7x30
-
-    return {"graph_median_ms": graph_7x30(fn)["median_ms"]}
 
 
 def main(argv: list[str] | None = None) -> None:
