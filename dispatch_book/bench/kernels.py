@@ -10,8 +10,9 @@ the layer has one). ``ours_grouped`` / ``ours_decode`` are our two paths (tiles 
 ``ours_no_pdl`` the path ``moe`` picks with plain launches (no programmatic dependent launch, chapter 6:
 what PDL is worth at each size, measured in the same run); ``peer_fused_moe`` a vLLM-design fused-MoE
 kernel (``peers``), best of its configs per size, its alignment step excluded. Ours and the peer are
-timed under CUDA-graph replay (median of 7 replays of 30 calls) with the host time of one eager call
-recorded apart (``host_us``); transformers' contestants as a user calls them. ``ours_layer`` times our
+timed under CUDA-graph replay (median of 7 replays of 30 calls), in 3 rounds taken in turn
+(``graph_rounds``), with the host time of one eager call recorded apart (``host_us``);
+transformers' contestants as a user calls them. ``ours_layer`` times our
 whole layer. Ours is checked against the reference before it is timed. Rows: ``results/<gpu>/kernels.json``
 with % of the measured read bandwidth (bytes = distinct experts × 3·H·I·2) and % of the measured bf16 peak.
 """
@@ -39,6 +40,7 @@ TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
 QUICK_TOKENS = (1, 64, 1024, 4096)
 TOLERANCE = 2e-2  # ‖ours − ref‖ / ‖ref‖ in bf16 (both round differently; the reference rounds more)
 MAX_CALL_MS = 2000.0
+ROUNDS = 3  # ours and the peer: graph timings taken in 3 interleaved rounds (graph_rounds)
 
 
 def _ceilings() -> dict:
@@ -46,15 +48,15 @@ def _ceilings() -> dict:
     return bench.ceilings()
 
 
-def graph_7x30(fn) -> dict:
+def graph_7x30(fn, host: bool = True) -> dict:
     """CUDA-graph replay timing: a graph of 30 calls, replayed 7 times; median µs per call. Plus the host
-    time of one eager call (launch overhead a graph removes), median of 30."""
+    time of one eager call (launch overhead a graph removes), median of 30 (``host=False`` skips it)."""
     fn()  # compile and warm before the host timing
-    host = []
-    for _ in range(30):
+    host_ts = []
+    for _ in range(30 if host else 0):
         t0 = time.perf_counter()
         fn()
-        host.append((time.perf_counter() - t0) * 1e6)
+        host_ts.append((time.perf_counter() - t0) * 1e6)
     g = capture_graph(lambda: [fn() for _ in range(30)], warmup=1)
     g.replay()
     a, b, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
@@ -65,8 +67,22 @@ def graph_7x30(fn) -> dict:
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(b) / 30)
     del g
-    return {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "samples": 7,
-            "graph": True, "host_us": statistics.median(host)}
+    out = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "samples": 7, "graph": True}
+    return out | ({"host_us": statistics.median(host_ts)} if host else {})
+
+
+def graph_rounds(fns: dict, rounds: int = ROUNDS) -> dict:
+    """name -> timing of each fn, ``rounds`` rounds of :func:`graph_7x30` taken in turn (A B C, A B C, ...):
+    a clock or power drift during the run then lands on every contestant alike, not on whichever is
+    timed first. median_ms is the median of the rounds' medians; min/max over all 7·rounds replays."""
+    per = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(graph_7x30(fn, host=r == 0))
+    return {name: {"median_ms": statistics.median(t["median_ms"] for t in ts),
+                   "min_ms": min(t["min_ms"] for t in ts), "max_ms": max(t["max_ms"] for t in ts),
+                   "samples": 7 * len(ts), "graph": True, "host_us": ts[0]["host_us"],
+                   "round_medians_ms": [t["median_ms"] for t in ts]} for name, ts in per.items()}
 
 
 def peer(cfg, w, x_TH, weights_TK, ids_TK, ref_TH, dev):
@@ -151,6 +167,7 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
         flops = 2 * 3 * cfg.H * (cfg.I * T * cfg.K + cfg.shared_intermediate_size * T)
         n_unique = int(torch.unique(ids_TK).numel())
         weight_bytes = n_unique * 3 * cfg.H * cfg.I * x_TH.element_size()
+        graphed, timed = {}, []  # ours and the peer are timed after the loop, in interleaved rounds
         for cname, (fn, reason) in contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH).items():
             row = {"shape": name, "tokens": T, "contestant": cname, "flops": flops,
                    "expert_bytes": weight_bytes, "unique_experts": n_unique}
@@ -164,7 +181,7 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
                     if cname.startswith(("ours", "peer")) and cname != "ours_layer" and not err <= TOLERANCE:
                         raise AssertionError(f"{cname} is wrong on {name} T={T}: rel err {err:.3g}")
                     if cname.startswith(("ours", "peer")) and cname != "ours_layer":
-                        row.update(graph_7x30(fn))
+                        graphed[cname] = fn
                     else:
                         t0 = bench.time_ms(fn, warmup=1, rep=1) if T >= 4096 else None
                         if t0 and t0["median_ms"] > MAX_CALL_MS:
@@ -176,7 +193,11 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
                     torch.cuda.empty_cache()
             if reason is not None:
                 row["skipped"] = reason
-            else:
+            timed.append(row)
+        for cname, t in graph_rounds(graphed).items():
+            next(r for r in timed if r["contestant"] == cname).update(t)
+        for row in timed:
+            if "median_ms" in row:
                 s = row["median_ms"] / 1e3
                 row["tflops"] = flops / s / 1e12
                 row["pct_peak_flops"] = 100 * row["tflops"] / ceil["bf16_tflops"]
@@ -184,10 +205,9 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
                 row["pct_read_bw"] = 100 * row["gbps"] / ceil["hbm_read_gbps"]
                 row["pct_hbm"] = row["pct_read_bw"]
             rows.append(row)
-            log(f"{name:18s} T={T:6d} {cname:15s} " + (f"{row['median_ms'] * 1e3:9.1f} us {row['tflops']:7.1f} TF/s "
-                                                       f"{row['pct_read_bw']:5.1f}% read bw  host "
-                                                       f"{row.get('host_us', math.nan):6.1f} us"
-                                                       if "median_ms" in row else f"skipped: {row['skipped']}"))
+            log(f"{name:18s} T={T:6d} {row['contestant']:15s} " + (
+                f"{row['median_ms'] * 1e3:9.1f} us {row['tflops']:7.1f} TF/s {row['pct_read_bw']:5.1f}% read bw  "
+                f"host {row.get('host_us', math.nan):6.1f} us" if "median_ms" in row else f"skipped: {row['skipped']}"))
         del x_TH, ref_TH
         torch.cuda.empty_cache()
     return rows
@@ -226,7 +246,8 @@ def _save(rows, a, argv, dtype):
     cmd = "python -m dispatch_book.bench kernels " + " ".join(argv or [])
     return bench.save("kernels", rows, command=cmd.strip(), out=a.out,
                       extra={"dtype": str(dtype).replace("torch.", ""), "tolerance_rel": TOLERANCE,
-                             "ceilings": _ceilings(), "timing": "ours/peer: CUDA graph, median of 7 x 30"})
+                             "ceilings": _ceilings(),
+                             "timing": f"ours/peer: CUDA graph, median of {ROUNDS} interleaved rounds of 7 x 30"})
 
 
 def ours_row(rows: list[dict], shape: str, T: int, decode_max_tokens: int) -> dict | None:
