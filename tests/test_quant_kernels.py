@@ -78,6 +78,19 @@ def test_grouped_w8a8_matches_twin(scheme, T):
     assert rel(y, reference(x, w, ids, qe)) < 0.08
 
 
+def test_grouped_w8a8_takes_an_up_down_pair_of_tiles():
+    """Tuned entries give the two kernels their own tiles (one block_m: the sort's); same result."""
+    x, w, ids, qe = case(SHAPES[1], 12, "fp8-channel", seed=5)
+    one = GemmConfig(block_m=16, block_n=32, block_k=128, num_stages=1)
+    pair = (one, GemmConfig(block_m=16, block_n=64, block_k=32, num_stages=1))
+    y = moe_experts_quant(x, w, ids, qe, w8a8=True, config=pair)
+    assert rel(y, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
+    with pytest.raises(ValueError, match="share block_m"):
+        moe_experts_quant(x, w, ids, qe, w8a8=True, config=(one, GemmConfig(block_m=32)))
+    with pytest.raises(ValueError, match="a GemmConfig or an"):
+        moe_experts_quant(x, w, ids, qe, w8a8=True, config=(one,))
+
+
 def test_grouped_w8a8_scales_each_activation_as_its_weight_demands():
     """H = 128, I = 256 in 128 × 128 blocks: x meets gate_up with one scale a row (per-token
     activation scales), h meets down with two (per 128 columns); the twin decides alike."""

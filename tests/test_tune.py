@@ -8,7 +8,7 @@ import dispatch  # noqa: F401
 from dispatch import tables
 from dispatch.kernels import tiles
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
-from dispatch.tune import main, search
+from dispatch.tune import main, quant_search, search
 from dispatch.tune.compile import compile_jobs
 from dispatch.tune.search import block_ms, crossover, decode_steps, gemm_space, tune_preset
 
@@ -64,7 +64,7 @@ def test_quant_search_on_the_interpreter(small_space, monkeypatch):
     from dispatch import quant
     from dispatch.kernels.quant_gemv import check_chunk
 
-    monkeypatch.setattr(search, "QUANT_CHUNKS", ((64, 64), (32, 64)))
+    monkeypatch.setattr(quant_search, "QUANT_CHUNKS", ((64, 64), (32, 64)))
     cpu, logs = torch.device("cpu"), []
     entries = tune_preset("tiny", (2, 8, 128), cpu, torch.float32, timer=fake_us, log=logs.append,
                           schemes=("int8-channel", "int8-group128"))
@@ -81,6 +81,34 @@ def test_quant_search_on_the_interpreter(small_space, monkeypatch):
     assert any("decode int8-group128" in s for s in logs)
     jobs = compile_jobs(["tiny"], (2, 8, 128), cpu, ("int8-channel",))
     assert {(j[1], j[2]) for j in jobs} == {(2, "decode:int8-channel"), (8, "decode:int8-channel")}
+
+
+def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
+    """--quant with an fp8 scheme: also the w8a8 grouped tiles from QUANT_GROUPED_MIN_T, up and down
+    each the cheapest by the fake price, on the default's block_m; the launcher reads them near T only."""
+    from dispatch.kernels.quant_grouped import default_quant_config
+
+    monkeypatch.setattr(quant_search, "QUANT_GEMM", {"up": ((32, 32, 4, 1, 1), (16, 32, 4, 2, 1)),
+                                                     "down": ((32, 16, 4, 1, 1), (16, 32, 4, 1, 1))})
+    cpu = torch.device("cpu")
+    entries = tune_preset("tiny", (2, 128, 256), cpu, torch.float32, timer=fake_us, log=lambda s: None,
+                          schemes=("fp8-channel", "int8-channel"))
+    key = tables.shape_key(8, 64, 32, 2, "float32+fp8-channel+w8a8")
+    assert set(entries) == {key} | {tables.shape_key(8, 64, 32, 2, f"float32+{q}")
+                                    for q in ("fp8-channel", "int8-channel")}  # int8: no w8a8
+    e = entries[key]
+    assert set(e["buckets"]) == {"128", "256"}
+    bm = default_quant_config(128, 2, 8, cpu, True, True).block_m
+    for b in e["buckets"].values():
+        up, down = GemmConfig(**b["up"]), GemmConfig(**b["down"])
+        assert up.block_m == down.block_m == bm and b["grouped_us"] <= b["grouped_default_us"]
+        assert (up.block_n, up.num_stages, down.block_n) == (32, 1, 32)  # the fake price's cheapest
+    assert tiles.tuned_pair(e, 200) == (GemmConfig(**e["buckets"]["256"]["up"]),
+                                        GemmConfig(**e["buckets"]["256"]["down"]))
+    assert tiles.tuned_pair(e, 64) is not None and tiles.tuned_pair(e, 16) is None  # 2× away at most
+    jobs = compile_jobs(["tiny"], (2, 128), cpu, ("fp8-channel",))
+    assert {(j[1], j[2]) for j in jobs} == {(2, "decode:fp8-channel"), (16, "up:fp8-channel"),
+                                           (16, "down:fp8-channel")}
 
 
 def test_crossover_rule():
@@ -119,7 +147,10 @@ def test_precompile_workers(small_space):
     jobs = compile_jobs(["tiny"], (1, 8), torch.device("cpu"))
     jobs.append(("tiny", 1, "decode", [tiles.INTERPRET_DECODE]))
     jobs.append(("tiny", 1, "decode:int8-group128", [replace(tiles.INTERPRET_DECODE, block_h=64)]))  # fitted
-    assert {j[2] for j in jobs} == {"decode", "up", "down", "decode:int8-group128"}
+    w8a8 = replace(tiles.INTERPRET_CONFIG, block_k=16)
+    jobs += [("tiny", 16, "up:fp8-channel", [w8a8]), ("tiny", 16, "down:fp8-channel", [w8a8])]
+    assert {j[2] for j in jobs} == {"decode", "up", "down", "decode:int8-group128", "up:fp8-channel",
+                                    "down:fp8-channel"}
     assert precompile(jobs, workers=2, log=lambda s: None) == []
 
 

@@ -69,12 +69,14 @@ def _check_w8a8(x_TH, experts: QuantizedExperts) -> None:
 
 
 def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
-                      config: GemmConfig | None = None, check_ids: bool = False) -> torch.Tensor:
+                      config: GemmConfig | tuple[GemmConfig, GemmConfig] | None = None,
+                      check_ids: bool = False) -> torch.Tensor:
     """:func:`dispatch.kernels.grouped_gemm.moe_experts` with quantized experts → y_TH [T, H].
 
     ``w8a8``: fp8 activations too (per token and 128 columns; per token with per-channel weights),
-    fp8 tensor cores; fp8 schemes on sm_89+ only. ``config`` pins the tiles (BLOCK_K must fit the
-    scale blocks; 128 for w8a8 with block scales).
+    fp8 tensor cores; fp8 schemes on sm_89+ only. ``config`` pins the tiles, one GemmConfig for both
+    kernels or an (up, down) pair sharing block_m (BLOCK_K must fit the scale blocks; 128 for w8a8
+    with block scales).
     Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
     """
     gu, dn = stand_ins(x_TH, experts)
@@ -84,17 +86,35 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     if T == 0:
         return x_TH.new_zeros(0, H)
     check_launch("moe_experts_quant", x_TH)
-    late = experts.gate_up.per_row and experts.down.per_row
-    cfg = config or default_quant_config(T, K, E, x_TH.device, w8a8, late)
-    if w8a8 and not late and cfg.block_k != W8A8_GROUP:
-        raise ValueError(f"w8a8 scales activations per {W8A8_GROUP} columns: block_k must be {W8A8_GROUP}, "
-                         f"got {cfg.block_k}")
-    check_chunk("block_k", cfg.block_k, experts.gate_up)
-    check_chunk("block_k", cfg.block_k, experts.down)
-    routes = sort_by_expert(ids_TK, E, cfg.block_m)
-    h_PI = grouped_up_swiglu(x_TH, routes, experts.gate_up, config=cfg, w8a8=w8a8)
-    out_NH = grouped_down(h_PI, routes, experts.down, weights_TK, config=cfg, w8a8=w8a8)
+    up, down = quant_configs(T, K, E, H, I, x_TH, experts, w8a8, config)
+    routes = sort_by_expert(ids_TK, E, up.block_m)
+    h_PI = grouped_up_swiglu(x_TH, routes, experts.gate_up, config=up, w8a8=w8a8)
+    out_NH = grouped_down(h_PI, routes, experts.down, weights_TK, config=down, w8a8=w8a8)
     return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)  # rows with ids outside [0, E): selected away
+
+
+def quant_configs(T, K, E, H, I, x_TH, experts: QuantizedExperts, w8a8: bool,  # noqa: E741
+                  config=None) -> tuple[GemmConfig, GemmConfig]:
+    """(up, down) tiles, checked: ``config`` (one GemmConfig for both, or a pair), else the GPU's
+    table (w8a8 entries, ``tiles.quant_gemm_configs``), else :func:`default_quant_config`."""
+    late = experts.gate_up.per_row and experts.down.per_row
+    if config is None:
+        scheme = experts.scheme + ("+w8a8" if w8a8 else "")
+        config = (tiles.quant_gemm_configs(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme)
+                  or default_quant_config(T, K, E, x_TH.device, w8a8, late))
+    if isinstance(config, GemmConfig):
+        config = (config, config)
+    if not (isinstance(config, tuple | list) and len(config) == 2 and all(isinstance(c, GemmConfig) for c in config)):
+        raise ValueError(f"config must be a GemmConfig or an (up, down) pair of them, got {config!r}")
+    up, down = config
+    if up.block_m != down.block_m:
+        raise ValueError(f"up and down tiles must share block_m (the sort's), got {up.block_m} and {down.block_m}")
+    for name, cfg, t in (("up", up, experts.gate_up), ("down", down, experts.down)):
+        if w8a8 and not late and cfg.block_k != W8A8_GROUP:
+            raise ValueError(f"w8a8 scales activations per {W8A8_GROUP} columns: block_k must be {W8A8_GROUP}, "
+                             f"got {cfg.block_k} ({name})")
+        check_chunk("block_k", cfg.block_k, t)
+    return up, down
 
 
 def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False):

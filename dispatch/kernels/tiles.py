@@ -15,6 +15,7 @@ relies on it). Up and down share ``block_m``: it fixes how the sort pads each ex
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 
@@ -245,6 +246,28 @@ def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E
     slug = _slug(dev)
     return (scheme and _lookup(slug, K, E, H, I, quant_key(dtype, scheme), T, "decode")) \
         or _lookup(slug, K, E, H, I, dtype, T, "decode") or heuristic_decode(T, K, E, H, I, dev)
+
+
+def quant_gemm_configs(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E741
+                       scheme: str) -> tuple[GemmConfig, GemmConfig] | None:
+    """(up, down) tiles of the grouped GEMM on experts quantized in ``scheme`` ('fp8-channel+w8a8'):
+    the table's (``python -m dispatch.tune --quant`` tunes w8a8), else None (the launcher's default)."""
+    return _quant_pair(_slug(dev), K, E, H, I, quant_key(dtype, scheme), T)
+
+
+@functools.lru_cache(maxsize=4096)  # launchers ask on every call
+def _quant_pair(slug: str | None, K: int, E: int, H: int, I: int, key: str, T: int):  # noqa: E741
+    return tuned_pair(tables.entry(slug, E, H, I, K, key) if slug else None, T)
+
+
+def tuned_pair(entry: dict | None, T: int) -> tuple[GemmConfig, GemmConfig] | None:
+    """The (up, down) of the tuned bucket nearest T, if one lies within 2× of T (tuned sizes only
+    stand for their neighbours), else None."""
+    b = tables.nearest_bucket(entry.get("buckets", {}), T, "up") if entry else None
+    near = [int(k) for k, v in entry["buckets"].items() if v is b] if b else []
+    if not near or abs(math.log2(near[0]) - math.log2(max(T, 1))) > 1:
+        return None
+    return GemmConfig(**b["up"]), GemmConfig(**b["down"])
 
 
 def quant_key(dtype, scheme: str) -> str:

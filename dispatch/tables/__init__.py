@@ -10,6 +10,8 @@ One file per device; inside, one entry per layer shape and dtype::
                      "4096": {"up": {...GemmConfig...}, "down": {...}, "grouped_us": 1001.2}, ...}}}}
 
 Token counts T are looked up in the nearest tuned bucket (log2 distance, ties to the larger).
+Quantized experts (``--quant``) have entries of their own: dtype 'bfloat16+<scheme>' (decode buckets)
+and 'bfloat16+<scheme>+w8a8' (the w8a8 grouped GEMM's up/down, read only within 2× of a bucket).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tune the kernels' tiles for this GPU and write the table the launchers read.
 
     python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
-    python -m dispatch.tune --preset all --quant int8-channel,fp8-block128   (quantized decode only)
+    python -m dispatch.tune --preset all --quant int8-channel,fp8-channel   (quantized experts only)
 
 Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 16384), on one routing
 (softmax top-K of random logits, seeded), timed under CUDA-graph replay (median of several replays):
@@ -20,10 +20,13 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   (block_i, block_h, stages), then the down kernel's (block_ho, block_id), then the grid size
   (1–16 programs per SM: no recompile) — each step timing the whole three-launch decode, and moving
   only to a config faster than the current one.
-* **Quantized experts** (``--quant``, chapter 7), instead of the above: the decode tiles for codes
-  in each scheme, T ≤ 64, by the same descent started from the bf16 decode's tiles (what the
-  launcher takes without an entry), plus a step of longer reduction chunks; every candidate is
-  shrunk to fit the scale blocks. Entries keyed 'bfloat16+<scheme>'; no crossover of their own.
+* **Quantized experts** (``--quant``, chapter 7, :mod:`dispatch.tune.quant_search`), instead of the
+  above: the decode tiles for codes in each scheme, T ≤ 64, by the same descent started from the
+  bf16 decode's tiles (what the launcher takes without an entry), plus a step of longer reduction
+  chunks; every candidate is shrunk to fit the scale blocks. Entries keyed 'bfloat16+<scheme>'.
+  For fp8 schemes on sm_89+ also the w8a8 grouped GEMM (T ≥ 128): up and down tiles around the
+  launcher's default, then the whole path against the default; entries 'bfloat16+<scheme>+w8a8'.
+  No crossover of their own.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
   the decode path serves T ≤ the last bucket before the grouped path first wins.
 
@@ -51,8 +54,8 @@ def main(argv=None) -> None:
     p.add_argument("--preset", required=True, help=f"a PRESETS name, or 'all' = {','.join(BENCH_PRESETS)}")
     p.add_argument("--tokens", default=",".join(map(str, tables.BUCKETS)), help="comma-separated buckets")
     p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into")
-    p.add_argument("--quant", default="", help="instead: the decode tiles of experts quantized in these "
-                   "schemes (comma-separated, e.g. int8-channel,fp8-block128), buckets T ≤ 64")
+    p.add_argument("--quant", default="", help="instead: experts quantized in these schemes (comma-separated, "
+                   "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64, fp8's w8a8 grouped tiles for T ≥ 128")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)

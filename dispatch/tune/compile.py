@@ -18,19 +18,30 @@ from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
+from dispatch.kernels.quant_grouped import default_quant_config
 from dispatch.kernels.sort import sort_by_expert
+from dispatch.tune import quant_search as qs
 from dispatch.tune import search
 
 
 def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
     """(preset, T, kind, configs): the variants timing will launch, with inputs that specialise the same.
-    With ``schemes``: the quantized decode's (kind ``decode:<scheme>``; the job fits them to the scales)."""
+    With ``schemes``: the quantized decode's (kind ``decode:<scheme>``; the job fits them to the scales)
+    and the w8a8 grouped GEMM's (kinds ``up:<scheme>`` / ``down:<scheme>``, fp8 schemes)."""
     jobs, seen = [], set()
     for name in presets:
         cfg = PRESETS[name]
-        for scheme, T in ((s, T) for s in schemes for T in tokens if T <= search.QUANT_MAX_T):
+        for scheme, T in ((s, T) for s in schemes for T in tokens if T <= qs.QUANT_MAX_T):
             base = tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, runtime.compute_dtype(dev), dev)
-            jobs.append((name, T, f"decode:{scheme}", [c for step in search.quant_steps(base, 1) for c in step(base)]))
+            jobs.append((name, T, f"decode:{scheme}", [c for step in qs.quant_steps(base, 1) for c in step(base)]))
+        for scheme, T in ((s, T) for s in qs.w8a8_schemes(schemes, dev) for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
+            late = qs.late_scales(scheme)
+            base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
+            for kind in ("up", "down"):
+                key = (scheme, kind, base.block_m, cfg.K if kind == "up" else 0)
+                if key not in seen:
+                    jobs.append((name, 16, f"{kind}:{scheme}", qs.quant_gemm_space(kind, base, dev, late) or [base]))
+                seen.add(key)
         for T in tokens if not schemes else ():
             if T <= search.DECODE_MAX_T:
                 base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
@@ -60,12 +71,19 @@ def _compile_job(job) -> list[str]:
                                           down_EHI=torch.zeros(c.E, c.H, c.I, device=dev, dtype=dtype)))()
     cfg, w, x_TH, weights_TK, ids_TK = search.make_case(name, T, dev, dtype, _CASES[name])
     failed = []
-    scheme = kind.removeprefix("decode:") if kind.startswith("decode:") else None
+    kind, _, scheme = kind.partition(":")
     qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme) if scheme else None
     for c in cands:
         try:
-            if qe is not None:
+            if qe is not None and kind == "decode":
                 moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=fit_scales(c, qe))
+            elif qe is not None:  # w8a8 grouped: one kernel with c (the down kernel reads any h)
+                routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
+                if kind == "up":
+                    gg.grouped_up_swiglu(x_TH, routes, qe.gate_up, config=c, w8a8=True)
+                else:
+                    h_PI = x_TH.new_zeros(routes.sorted_rows_P.numel(), cfg.I)
+                    gg.grouped_down(h_PI, routes, qe.down, weights_TK, config=c, w8a8=True)
             elif kind == "decode":
                 moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=c)
             else:

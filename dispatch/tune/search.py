@@ -6,12 +6,11 @@ from dataclasses import replace
 
 import torch
 
-from dispatch import quant, runtime, tables
+from dispatch import runtime, tables
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.reference import experts_reference, rel_err, route_reference
@@ -30,8 +29,6 @@ SPACE = {  # (kind, block_m) → (BLOCK_N, BLOCK_K, warps, stages)
 DECODE_UP = ((32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3))  # (block_i, block_h, stages)
 DECODE_DOWN = ((32, 128), (32, 256), (64, 128), (16, 256))  # (block_ho, block_id)
 PROGRAMS_PER_SM = (1, 2, 3, 4, 8, 16)
-QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
-QUANT_MAX_T = 64  # quantized experts: decode tiles tuned up to here
 
 
 def block_ms(T: int, K: int, E: int) -> tuple[int, ...]:
@@ -53,12 +50,6 @@ def decode_steps(base: DecodeConfig, sms: int):
     return (lambda b: [replace(b, block_i=i, block_h=h, num_stages=s) for i, h, s in DECODE_UP],
             lambda b: [replace(b, block_ho=o, block_id=d) for o, d in DECODE_DOWN],
             lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM])
-
-
-def quant_steps(base: DecodeConfig, sms: int):
-    """The decode steps, then the reduction chunks once more, longer: a load of 1-byte codes
-    carries half the bytes of bf16, so longer chunks keep as many bytes in flight."""
-    return (*decode_steps(base, sms), lambda b: [replace(b, block_h=h, block_id=d) for h, d in QUANT_CHUNKS])
 
 
 def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0):
@@ -194,23 +185,6 @@ def tune_decode(name, T, case, dev, timer, log) -> dict:
     return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
 
 
-def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
-    """Decode tiles for experts quantized in ``scheme``: coordinate descent (:func:`quant_steps`)
-    from the bf16 decode's tiles, which the launcher takes when the table has none for the scheme;
-    every candidate shrunk to fit the scale blocks (``quant_gemv.fit_scales``)."""
-    cfg, w, x_TH, weights_TK, ids_TK = case
-    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
-
-    def run(c):
-        return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=c)
-
-    base = fit_scales(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev), qe)
-    best, best_us, start_us = _descend(base, quant_steps, run, moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe),
-                                       f"{name} T={T} {scheme}", dev, timer, log, fit=lambda c: fit_scales(c, qe))
-    log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
-    return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
-
-
 def crossover(buckets: dict) -> int:
     """The last bucket before the grouped path first beats decode (decode only where it was tuned)."""
     last = 0
@@ -223,11 +197,12 @@ def crossover(buckets: dict) -> int:
 
 
 def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=()) -> dict:
-    """The table entry of one preset: its buckets and crossover. With ``schemes``: instead, one entry
-    per quantization scheme, the decode tiles of the buckets up to ``QUANT_MAX_T`` (no crossover:
-    the quantized layer takes the unquantized one's)."""
+    """The table entry of one preset: its buckets and crossover. With ``schemes``: instead, the
+    quantized experts' entries (:func:`dispatch.tune.quant_search.tune_quant`)."""
     if schemes:
-        return _tune_quant(name, tokens, dev, dtype, schemes, timer, log)
+        from dispatch.tune.quant_search import tune_quant  # it builds on this module's search
+
+        return tune_quant(name, tokens, dev, dtype, schemes, timer, log)
     w, buckets = None, {}
     for T in tokens:
         case = make_case(name, T, dev, dtype, w)
@@ -244,15 +219,3 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
     cfg, cross = PRESETS[name], crossover(buckets)
     log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
     return {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
-
-
-def _tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
-    cfg, w, out = PRESETS[name], None, {}
-    for scheme in schemes:
-        buckets = {}
-        for T in (t for t in tokens if t <= QUANT_MAX_T):
-            case = make_case(name, T, dev, dtype, w)
-            w = case[1]
-            buckets[str(T)] = tune_decode_quant(name, T, case, scheme, dev, timer, log)
-        out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme))] = {"buckets": buckets}
-    return out

@@ -1,0 +1,137 @@
+"""Tuning quantized experts (``python -m dispatch.tune --quant SCHEMES``, chapter 7).
+
+* **Decode** (T ≤ ``QUANT_MAX_T``): the coordinate descent of :mod:`dispatch.tune.search` started
+  from the bf16 decode's tiles (what the launcher takes without an entry), plus a step of longer
+  reduction chunks; every candidate is shrunk to fit the scale blocks. Entry 'bfloat16+<scheme>'.
+* **Grouped w8a8** (fp8 schemes on sm_89+, T ≥ ``QUANT_GROUPED_MIN_T``): up and down tiles
+  separately around the launcher's default (``default_quant_config``; its block_m, so the sort is
+  the default's), each candidate checked against the default's output; then the whole path with
+  the chosen pair against the default, the faster kept. Entry 'bfloat16+<scheme>+w8a8'.
+
+Neither has a crossover of its own: the quantized layer takes the unquantized one's.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dispatch import quant, runtime, tables
+from dispatch.config import PRESETS
+from dispatch.kernels import tiles
+from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_grouped import default_quant_config, moe_experts_quant, moe_experts_quant_torch
+from dispatch.kernels.sort import sort_by_expert
+from dispatch.kernels.tiles import DecodeConfig, GemmConfig
+from dispatch.quant.formats import FP8
+from dispatch.reference import rel_err
+from dispatch.tune.search import TOLERANCE, _best, _descend, decode_steps, make_case
+
+QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
+QUANT_MAX_T = 64  # decode tiles tuned up to here
+QUANT_GROUPED_MIN_T = 128  # w8a8 grouped tiles tuned from here
+# (BLOCK_N, BLOCK_K, warps, stages, group_m) around the default (128, 128, 8, 3, 8); an H200 sweep of
+# 12 such tiles (OLMoE, Qwen3, DeepSeek-MoE at T = 4096) ranked 3 stages first for both kernels
+# together; down holds one accumulator, so it may go twice as wide
+QUANT_GEMM = {
+    "up": ((128, 128, 8, 3, 8), (128, 128, 8, 4, 8), (128, 64, 8, 4, 8), (128, 64, 8, 5, 8),
+           (128, 128, 8, 3, 16), (128, 128, 8, 3, 4), (64, 128, 4, 4, 8), (64, 256, 4, 3, 8)),
+    "down": ((128, 128, 8, 3, 8), (128, 128, 8, 4, 8), (256, 128, 8, 3, 8), (256, 64, 8, 4, 8),
+             (128, 64, 8, 5, 8), (128, 128, 8, 3, 16), (64, 128, 4, 4, 8), (256, 128, 8, 2, 8)),
+}
+
+
+def quant_steps(base: DecodeConfig, sms: int):
+    """The decode steps, then the reduction chunks once more, longer: a load of 1-byte codes
+    carries half the bytes of bf16, so longer chunks keep as many bytes in flight."""
+    return (*decode_steps(base, sms), lambda b: [replace(b, block_h=h, block_id=d) for h, d in QUANT_CHUNKS])
+
+
+def w8a8_schemes(schemes, dev) -> tuple[str, ...]:
+    """The schemes whose grouped w8a8 tiles are tuned here: fp8 codes, on a device with fp8 tensor
+    cores (the interpreter counts: it runs w8a8 in fp32)."""
+    cap = runtime.capability(dev)
+    return tuple(s for s in schemes if quant.SCHEMES[s].dtype == FP8 and (cap is None or cap >= (8, 9)))
+
+
+def late_scales(scheme: str) -> bool:
+    """Per-channel schemes: one scale a row, applied after the reduction (the launcher's ``late``)."""
+    s = quant.SCHEMES[scheme]
+    return s.block_rows == 1 and s.block_cols is None
+
+
+def quant_gemm_space(kind: str, base: GemmConfig, dev, late: bool) -> list[GemmConfig]:
+    """w8a8 candidates of one kernel with the default's block_m: those that fit registers and shared
+    memory (1-byte operands), with BLOCK_K = 128 where the activations carry a scale per 128 columns."""
+    n_b, limit = (2 if kind == "up" else 1), runtime.max_shared_bytes(dev) - tiles.HEADROOM
+    cands = [GemmConfig(base.block_m, n, k, num_warps=w, num_stages=s, group_m=g)
+             for n, k, w, s, g in QUANT_GEMM[kind] if late or k == 128]
+    return [c for c in cands if tiles.fits_registers(c, n_b) and tiles.shared_bytes(c, n_b, elt=1) <= limit]
+
+
+def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
+    """Decode tiles for experts quantized in ``scheme`` (:func:`quant_steps` from the bf16 tiles)."""
+    cfg, w, x_TH, weights_TK, ids_TK = case
+    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
+
+    def run(c):
+        return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=c)
+
+    base = fit_scales(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev), qe)
+    best, best_us, start_us = _descend(base, quant_steps, run, moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe),
+                                       f"{name} T={T} {scheme}", dev, timer, log, fit=lambda c: fit_scales(c, qe))
+    log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
+    return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
+
+
+def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
+    """(up, down) tiles of the w8a8 grouped GEMM on ``scheme``'s codes, then the whole path against
+    the default tiles (the faster kept)."""
+    cfg, w, x_TH, weights_TK, ids_TK = case
+    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
+    late = qe.gate_up.per_row and qe.down.per_row
+    base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
+    routes = sort_by_expert(ids_TK, cfg.E, base.block_m)
+    slots = routes.slot_of_N.long()
+    h_PI = grouped_up_swiglu(x_TH, routes, qe.gate_up, config=base, w8a8=True)
+    up, _, _ = _best(quant_gemm_space("up", base, dev, late) or [base],
+                     lambda c: grouped_up_swiglu(x_TH, routes, qe.gate_up, config=c, w8a8=True),
+                     h_PI[slots], timer, log, "up w8a8", view=lambda h: h[slots])
+    down, _, _ = _best(quant_gemm_space("down", base, dev, late) or [base],
+                       lambda c: grouped_down(h_PI, routes, qe.down, weights_TK, config=c, w8a8=True),
+                       grouped_down(h_PI, routes, qe.down, weights_TK, config=base, w8a8=True),
+                       timer, log, "down w8a8")
+
+    def path(config):
+        return moe_experts_quant(x_TH, weights_TK, ids_TK, qe, w8a8=True, config=config)
+
+    n = min(64, x_TH.shape[0])  # a token's output depends on its own routes only: the twin on 64 of them
+    err = rel_err(path((up, down))[:n], moe_experts_quant_torch(x_TH[:n], weights_TK[:n], ids_TK[:n], qe, w8a8=True))
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{name} T={T} {scheme}: the tuned w8a8 grouped GEMM is wrong (rel err {err:.3g})")
+    tuned_us = timer(lambda: path((up, down)), ("grouped", up, down))
+    default_us = timer(lambda: path(base), ("grouped", base, base))
+    if default_us < tuned_us:  # the kernels' own times did not carry over to the whole path
+        up, down, tuned_us = base, base, default_us
+    log(f"{name} T={T:5d} grouped {scheme}+w8a8 {tuned_us:9.1f} us (default {default_us:9.1f}) "
+        f"up {tuple(tiles.as_dict(up).values())} down {tuple(tiles.as_dict(down).values())}")
+    return {"up": tiles.as_dict(up), "down": tiles.as_dict(down), "grouped_us": tuned_us,
+            "grouped_default_us": default_us}
+
+
+def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
+    """The entries of one preset's quantized experts: per scheme the decode tiles (T ≤ QUANT_MAX_T),
+    and for fp8 schemes the w8a8 grouped tiles (T ≥ QUANT_GROUPED_MIN_T)."""
+    cfg, w, out = PRESETS[name], None, {}
+    for scheme in schemes:
+        for suffix, Ts, tune in (("", [t for t in tokens if t <= QUANT_MAX_T], tune_decode_quant),
+                                 ("+w8a8", [t for t in tokens if t >= QUANT_GROUPED_MIN_T]
+                                  if scheme in w8a8_schemes(schemes, dev) else [], tune_grouped_w8a8)):
+            buckets = {}
+            for T in Ts:
+                case = make_case(name, T, dev, dtype, w)
+                w = case[1]
+                buckets[str(T)] = tune(name, T, case, scheme, dev, timer, log)
+            if buckets:
+                out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix))] = {
+                    "buckets": buckets}
+    return out
