@@ -111,6 +111,26 @@ def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
                                            (16, "down:fp8-channel")}
 
 
+def test_w8a8_spaces_fit_and_hold_the_default(monkeypatch):
+    """On an H200's shared memory: every w8a8 candidate fits (block scales: twice the accumulators,
+    K steps of 128 only), and each space holds the launcher's default for 128-row blocks."""
+    from dispatch import runtime
+    from dispatch.kernels.quant_grouped import default_quant_config
+
+    monkeypatch.setattr(runtime, "max_shared_bytes", lambda dev=None: 227 * 1024)
+    monkeypatch.setattr(tiles, "interpreting", lambda dev: False)
+    monkeypatch.setattr(tiles, "pick_block_m", lambda rows, E, dev: 128)
+    cpu = torch.device("cpu")
+    for late in (True, False):
+        base = default_quant_config(4096, 8, 64, cpu, True, late)
+        for kind, n_b in (("up", 2), ("down", 1)):
+            space = quant_search.quant_gemm_space(kind, base, cpu, late)
+            assert len(space) >= 4 and base in space and all(c.block_m == 128 for c in space)
+            assert all(tiles.fits_registers(c, n_b * (1 if late else 2)) for c in space)
+            assert all(tiles.shared_bytes(c, n_b, elt=1) <= 227 * 1024 - tiles.HEADROOM for c in space)
+            assert late or all(c.block_k == 128 for c in space)
+
+
 def test_crossover_rule():
     b = {"1": {"decode_us": 5}, "8": {"decode_us": 9, "grouped_us": 20}, "16": {"decode_us": 30, "grouped_us": 20},
          "32": {"decode_us": 30, "grouped_us": 40}, "512": {"grouped_us": 100}}

@@ -29,14 +29,17 @@ from dispatch.tune.search import TOLERANCE, _best, _descend, decode_steps, make_
 QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
 QUANT_MAX_T = 64  # decode tiles tuned up to here
 QUANT_GROUPED_MIN_T = 128  # w8a8 grouped tiles tuned from here
-# (BLOCK_N, BLOCK_K, warps, stages, group_m) around the default (128, 128, 8, 3, 8); an H200 sweep of
-# 12 such tiles (OLMoE, Qwen3, DeepSeek-MoE at T = 4096) ranked 3 stages first for both kernels
-# together; down holds one accumulator, so it may go twice as wide
+# (BLOCK_N, BLOCK_K, warps, stages, group_m) around the defaults: per-row scales (128, 128, 8, 3, 8),
+# where an H200 sweep of 12 such tiles (OLMoE, Qwen3, DeepSeek-MoE at T = 4096) ranked 3 stages first
+# for both kernels together; down holds one accumulator, so it may go twice as wide. Block scales
+# (64, 128, 8, 4, 1): each 128-column chunk's product is a second accumulator, so narrower tiles
 QUANT_GEMM = {
     "up": ((128, 128, 8, 3, 8), (128, 128, 8, 4, 8), (128, 64, 8, 4, 8), (128, 64, 8, 5, 8),
-           (128, 128, 8, 3, 16), (128, 128, 8, 3, 4), (64, 128, 4, 4, 8), (64, 256, 4, 3, 8)),
+           (128, 128, 8, 3, 16), (128, 128, 8, 3, 4), (64, 128, 4, 4, 8), (64, 256, 4, 3, 8),
+           (64, 128, 8, 4, 1), (64, 128, 8, 4, 8), (64, 128, 8, 3, 8), (32, 128, 4, 4, 8)),
     "down": ((128, 128, 8, 3, 8), (128, 128, 8, 4, 8), (256, 128, 8, 3, 8), (256, 64, 8, 4, 8),
-             (128, 64, 8, 5, 8), (128, 128, 8, 3, 16), (64, 128, 4, 4, 8), (256, 128, 8, 2, 8)),
+             (128, 64, 8, 5, 8), (128, 128, 8, 3, 16), (64, 128, 4, 4, 8), (256, 128, 8, 2, 8),
+             (64, 128, 8, 4, 1), (64, 128, 8, 4, 8), (64, 128, 8, 3, 8), (128, 128, 8, 4, 1)),
 }
 
 
@@ -60,12 +63,14 @@ def late_scales(scheme: str) -> bool:
 
 
 def quant_gemm_space(kind: str, base: GemmConfig, dev, late: bool) -> list[GemmConfig]:
-    """w8a8 candidates of one kernel with the default's block_m: those that fit registers and shared
-    memory (1-byte operands), with BLOCK_K = 128 where the activations carry a scale per 128 columns."""
+    """w8a8 candidates of one kernel with the default's block_m: those that fit registers (block
+    scales: a chunk's product beside each accumulator) and shared memory (1-byte operands), with
+    BLOCK_K = 128 where the activations carry a scale per 128 columns."""
     n_b, limit = (2 if kind == "up" else 1), runtime.max_shared_bytes(dev) - tiles.HEADROOM
     cands = [GemmConfig(base.block_m, n, k, num_warps=w, num_stages=s, group_m=g)
              for n, k, w, s, g in QUANT_GEMM[kind] if late or k == 128]
-    return [c for c in cands if tiles.fits_registers(c, n_b) and tiles.shared_bytes(c, n_b, elt=1) <= limit]
+    return [c for c in cands if tiles.fits_registers(c, n_b * (1 if late else 2))
+            and tiles.shared_bytes(c, n_b, elt=1) <= limit]
 
 
 def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
