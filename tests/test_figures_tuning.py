@@ -68,6 +68,12 @@ def test_peer_race_uses_the_chosen_row_and_the_summary_counts_the_bars():
                  "large_missed": ["s T=4096"]}
     fig = tuning.race_figure(race)
     assert len(fig.axes[0].lines) >= 2
+    assert "by round" not in race[0]  # a recording without rounds: no column
+    for r in rows:  # three interleaved rounds: peer / ours per round, lowest and highest
+        if r["tokens"] == 64 and "median_ms" in r:
+            r["round_medians_ms"] = [0.20, 0.25, 0.16] if r["contestant"] == "ours_grouped" else [0.21, 0.21, 0.20]
+    race = tuning.peer_race(rows, lambda s, T: ours_row(rows, s, T, 64))
+    assert race[1]["by round"] == "0.84–1.25" and "by round" not in race[0]
 
 
 def test_persistent_ratios_are_empty_without_rows_and_plain_over_persistent_with_them():

@@ -86,7 +86,8 @@ def _row(rows, shape, T, name):
 
 def peer_race(rows: list[dict], ours_row) -> list[dict]:
     """Per shape and T where both ran: ``ours_row(shape, T)`` (the chosen path) against
-    ``peer_fused_moe``, µs each and peer / ours (> 1: ours is faster)."""
+    ``peer_fused_moe``, µs each and peer / ours (> 1: ours is faster); "by round": the lowest and
+    highest peer / ours over the recording's interleaved timing rounds, where it has them."""
     out = []
     for s in dict.fromkeys(r["shape"] for r in rows):
         for T in sorted({r["tokens"] for r in rows if r["shape"] == s}):
@@ -96,6 +97,9 @@ def peer_race(rows: list[dict], ours_row) -> list[dict]:
             out.append({"shape": s, "T": T, "ours": o["contestant"].removeprefix("ours_"),
                         "ours µs": o["median_ms"] * 1e3, "peer µs": p["median_ms"] * 1e3,
                         "peer / ours": p["median_ms"] / o["median_ms"]})
+            if "round_medians_ms" in o and "round_medians_ms" in p:
+                by = [b / a for a, b in zip(o["round_medians_ms"], p["round_medians_ms"], strict=True)]
+                out[-1]["by round"] = f"{min(by):.2f}–{max(by):.2f}"
     return out
 
 
