@@ -7,15 +7,9 @@
 # dispatch/tables/h200.json), $OUT/bench.log and $OUT/results/h200/quant.json (a run of the commit
 # plus that table: +dirty; re-record from the commit that holds the table before the book cites it).
 set -u
-OUT=${1:?usage: dispatch_book/gpu/quant_run.sh OUT_DIR}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-COMMIT=${DISPATCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
-if [ -z "$COMMIT" ]; then  # results files name the commit they measure: a copied tree has no .git
-    echo "set DISPATCH_GIT_COMMIT=<commit of this tree> (no .git here)"; exit 2
-fi
-start=$(date +%s)
-left() { echo $((520 - ($(date +%s) - start))); }
+TOTAL_DEFAULT=520
+. "$(dirname "$0")/prelude.sh" "$@"
+COMMIT=$DISPATCH_GIT_COMMIT
 
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 timeout 120 python3 -m pytest tests/test_quant_kernels.py tests/test_tune.py -m gpu -q -x -p no:cacheprovider \
