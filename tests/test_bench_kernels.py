@@ -7,7 +7,8 @@ from dispatch.config import PRESETS, MoEConfig, random_weights
 from dispatch.reference import moe_reference, route_reference, router_logits
 from dispatch_book.bench.kernels import contestants
 
-CFGS = {"tiny": PRESETS["tiny"], "shared": MoEConfig(64, 32, 8, 2, shared_intermediate_size=48, family="deepseek_moe")}
+CFGS = {"tiny": PRESETS["tiny"], "shared": MoEConfig(64, 32, 8, 2, shared_intermediate_size=48, family="deepseek_moe"),
+        "shared_2I": MoEConfig(64, 32, 8, 2, shared_intermediate_size=64, family="deepseek_moe")}
 
 
 @pytest.mark.parametrize("name", list(CFGS))
@@ -19,6 +20,8 @@ def test_every_contestant_matches_the_reference(name, T):
     weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg)
     out = contestants(cfg, w, x_TH, weights_TK, ids_TK, torch.device("cpu"))
     assert {"hf_eager", "hf_grouped_mm", "ours_grouped", "ours_decode", "ours_no_pdl", "ours_layer"} <= set(out)
+    fused = out.get("ours_decode_shared", (None, "no shared expert"))
+    assert (fused[1] is None) == (name == "shared_2I"), fused  # S = 2I: two whole experts, S = 48: none
     want = moe_reference(x_TH, cfg, w)
     for cname, (fn, reason) in out.items():
         if fn is None or reason is not None:
@@ -90,3 +93,21 @@ def test_graph_rounds_interleaves_and_takes_the_median_of_rounds(monkeypatch):
     assert out["a"]["median_ms"] == 2.0 and out["b"]["median_ms"] == 5.0
     assert (out["a"]["min_ms"], out["a"]["max_ms"], out["a"]["samples"]) == (0.5, 3.5, 21)
     assert out["b"]["round_medians_ms"] == [5.0, 9.0, 4.0] and out["b"]["host_us"] == 10.0
+
+
+def test_shared_as_experts_splits_the_shared_mlp_exactly():
+    """n = S / I chunks of the shared SwiGLU, summed, are the shared expert (fp32, same inputs);
+    a gated shared expert (Qwen2-MoE) or S not a multiple of I is not split."""
+    from dispatch.reference import shared_reference, swiglu_expert
+    from dispatch_book.bench.shared_fused import shared_as_experts
+
+    cfg = CFGS["shared_2I"]
+    w = random_weights(cfg, seed=7)
+    x = torch.randn(5, cfg.H, generator=torch.Generator().manual_seed(8))
+    gate_up, down = shared_as_experts(cfg, w)
+    assert gate_up.shape == (2, 2 * cfg.I, cfg.H) and down.shape == (2, cfg.H, cfg.I)
+    y = sum(swiglu_expert(x, gate_up[j], down[j]) for j in range(2))
+    torch.testing.assert_close(y, shared_reference(x, cfg, w), rtol=1e-5, atol=1e-6)
+    assert shared_as_experts(CFGS["shared"], random_weights(CFGS["shared"], seed=7)) is None
+    gated = MoEConfig(64, 32, 8, 2, shared_intermediate_size=64, shared_gate=True, family="qwen2_moe")
+    assert shared_as_experts(gated, random_weights(gated, seed=7)) is None

@@ -7,6 +7,8 @@ timed call is the experts part (plus the shared expert in torch, for every conte
 the layer has one). ``ours_grouped`` / ``ours_decode`` are our two paths (tiles from
 ``dispatch.kernels.tiles``); the row of the one ``moe`` picks (decode for T ≤ the tuned crossover) has
 ``chosen``; ``ours_persistent`` the grouped path under the persistent schedule (from 256 tokens);
+``ours_decode_shared`` (layers with a shared expert, T ≤ 256) the decode kernels with the shared
+MLP run as more experts (``shared_fused``: an idea measured, not a path of ``moe``);
 ``ours_no_pdl`` the path ``moe`` picks with plain launches (no programmatic dependent launch, chapter 6:
 what PDL is worth at each size, measured in the same run); ``peer_fused_moe`` a vLLM-design fused-MoE
 kernel (``peers``), best of its configs per size, its alignment step excluded. Ours and the peer are
@@ -34,6 +36,7 @@ from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
 from dispatch_book.bench import peers
 from dispatch_book.bench.harness import capture_graph
+from dispatch_book.bench.shared_fused import fused_shared_decode
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "deepseek-moe-16b", "qwen3-30b-a3b")
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
@@ -139,6 +142,10 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     crossover = tiles.decode_max_tokens(cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, x_TH.device)
     out["ours_grouped"] = (with_shared(lambda: gg.moe_experts(*args)), None)
     out["ours_decode"] = (with_shared(lambda: moe_decode(*args)), None if T <= 256 else "decode path: T ≤ 256")
+    if cfg.shared_intermediate_size:  # an idea measured: the shared MLP as more experts (shared_fused)
+        fused = fused_shared_decode(cfg, w, *args[:3]) if T <= 256 else None
+        out["ours_decode_shared"] = (fused, None if fused else "decode path: T ≤ 256" if T > 256
+                                     else "the shared expert is not whole experts")
     out["ours_grouped"][0].chosen, out["ours_decode"][0].chosen = T > crossover, T <= crossover
     chosen = out["ours_decode" if T <= crossover else "ours_grouped"][0]
     out["ours_no_pdl"] = (_plain_launches(chosen), None)
