@@ -77,7 +77,7 @@ def test_gpu_peer_every_config(T):
 
 def test_graph_rounds_interleaves_and_takes_the_median_of_rounds(monkeypatch):
     """Rounds are taken in turn (a drift lands on every contestant), host time once, median of medians."""
-    from dispatch_book.bench import kernels
+    from dispatch_book.bench import harness
 
     calls, times = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 9.0, 4.0])}
 
@@ -87,8 +87,8 @@ def test_graph_rounds_interleaves_and_takes_the_median_of_rounds(monkeypatch):
         return {"median_ms": m, "min_ms": m - 0.5, "max_ms": m + 0.5, "samples": 7, "graph": True} | (
             {"host_us": 10.0} if host else {})
 
-    monkeypatch.setattr(kernels, "graph_7x30", fake)
-    out = kernels.graph_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
+    monkeypatch.setattr(harness, "graph_7x30", fake)
+    out = harness.graph_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
     assert calls == [("a", True), ("b", True), ("a", False), ("b", False), ("a", False), ("b", False)]
     assert out["a"]["median_ms"] == 2.0 and out["b"]["median_ms"] == 5.0
     assert (out["a"]["min_ms"], out["a"]["max_ms"], out["a"]["samples"]) == (0.5, 3.5, 21)

@@ -6,6 +6,9 @@ rescaled). On CUDA it is ``triton.testing.do_bench`` (L2 flushed between calls, 
 overhead included, as a user calling ``fn`` sees it); ``graph=True`` captures ``fn`` once in a CUDA
 graph and times the graph's replays instead, which removes the launch overhead — a caller that
 wants the host overhead reports the difference of the two. On the CPU it is the wall clock.
+
+``graph_7x30(fn)`` is the races' timer (kernels, quant, routing): a graph of 30 calls replayed 7
+times, plus the host time of one eager call; ``graph_rounds(fns)`` takes it in interleaved rounds.
 """
 from __future__ import annotations
 
@@ -61,3 +64,38 @@ def time_ms(fn, graph: bool = False, *, warmup: int = 10, rep: int = 50) -> dict
     return {"median_ms": statistics.median(ts), "min_ms": ts[0], "max_ms": ts[-1], "samples": len(ts)}
 
 
+def graph_7x30(fn, host: bool = True) -> dict:
+    """CUDA-graph replay timing: a graph of 30 calls, replayed 7 times; median µs per call. Plus the host
+    time of one eager call (launch overhead a graph removes), median of 30 (``host=False`` skips it)."""
+    fn()  # compile and warm before the host timing
+    host_ts = []
+    for _ in range(30 if host else 0):
+        t0 = time.perf_counter()
+        fn()
+        host_ts.append((time.perf_counter() - t0) * 1e6)
+    g = capture_graph(lambda: [fn() for _ in range(30)], warmup=1)
+    g.replay()
+    a, b, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for _ in range(7):
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) / 30)
+    del g
+    out = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "samples": 7, "graph": True}
+    return out | ({"host_us": statistics.median(host_ts)} if host else {})
+
+
+def graph_rounds(fns: dict, rounds: int = 3) -> dict:
+    """name -> timing of each fn, ``rounds`` rounds of :func:`graph_7x30` taken in turn (A B C, A B C, ...):
+    a clock or power drift during the run then lands on every contestant alike, not on whichever is
+    timed first. median_ms is the median of the rounds' medians; min/max over all 7·rounds replays."""
+    per = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(graph_7x30(fn, host=r == 0))
+    return {name: {"median_ms": statistics.median(t["median_ms"] for t in ts),
+                   "min_ms": min(t["min_ms"] for t in ts), "max_ms": max(t["max_ms"] for t in ts),
+                   "samples": 7 * len(ts), "graph": True, "host_us": ts[0]["host_us"],
+                   "round_medians_ms": [t["median_ms"] for t in ts]} for name, ts in per.items()}

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 
 import torch
 
@@ -35,7 +33,7 @@ from dispatch.reference import experts_reference, route_reference, shared_refere
 from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
 from dispatch_book.bench import peers
-from dispatch_book.bench.harness import capture_graph
+from dispatch_book.bench.harness import graph_rounds
 from dispatch_book.bench.shared_fused import fused_shared_decode
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "deepseek-moe-16b", "qwen3-30b-a3b")
@@ -49,43 +47,6 @@ ROUNDS = 3  # ours and the peer: graph timings taken in 3 interleaved rounds (gr
 def _ceilings() -> dict:
     """hbm_read_gbps / hbm_copy_gbps / bf16_tflops of this GPU (``dispatch_book.bench.ceilings()``)."""
     return bench.ceilings()
-
-
-def graph_7x30(fn, host: bool = True) -> dict:
-    """CUDA-graph replay timing: a graph of 30 calls, replayed 7 times; median µs per call. Plus the host
-    time of one eager call (launch overhead a graph removes), median of 30 (``host=False`` skips it)."""
-    fn()  # compile and warm before the host timing
-    host_ts = []
-    for _ in range(30 if host else 0):
-        t0 = time.perf_counter()
-        fn()
-        host_ts.append((time.perf_counter() - t0) * 1e6)
-    g = capture_graph(lambda: [fn() for _ in range(30)], warmup=1)
-    g.replay()
-    a, b, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
-    for _ in range(7):
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 30)
-    del g
-    out = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "samples": 7, "graph": True}
-    return out | ({"host_us": statistics.median(host_ts)} if host else {})
-
-
-def graph_rounds(fns: dict, rounds: int = ROUNDS) -> dict:
-    """name -> timing of each fn, ``rounds`` rounds of :func:`graph_7x30` taken in turn (A B C, A B C, ...):
-    a clock or power drift during the run then lands on every contestant alike, not on whichever is
-    timed first. median_ms is the median of the rounds' medians; min/max over all 7·rounds replays."""
-    per = {name: [] for name in fns}
-    for r in range(rounds):
-        for name, fn in fns.items():
-            per[name].append(graph_7x30(fn, host=r == 0))
-    return {name: {"median_ms": statistics.median(t["median_ms"] for t in ts),
-                   "min_ms": min(t["min_ms"] for t in ts), "max_ms": max(t["max_ms"] for t in ts),
-                   "samples": 7 * len(ts), "graph": True, "host_us": ts[0]["host_us"],
-                   "round_medians_ms": [t["median_ms"] for t in ts]} for name, ts in per.items()}
 
 
 def peer(cfg, w, x_TH, weights_TK, ids_TK, ref_TH, dev):
@@ -201,7 +162,7 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
             if reason is not None:
                 row["skipped"] = reason
             timed.append(row)
-        for cname, t in graph_rounds(graphed).items():
+        for cname, t in graph_rounds(graphed, ROUNDS).items():
             next(r for r in timed if r["contestant"] == cname).update(t)
         for row in timed:
             if "median_ms" in row:

@@ -58,9 +58,9 @@ def read_ceiling() -> tuple[float, str]:
 
 def graph_time(fn) -> dict:
     """Milliseconds per call, timed as the kernels race times ours and the peer's
-    (:func:`dispatch_book.bench.kernels.graph_7x30`: a CUDA graph of 30 calls, replayed 7 times),
+    (:func:`dispatch_book.bench.harness.graph_7x30`: a CUDA graph of 30 calls, replayed 7 times),
     so the graph's own launch is not in a small-T call's time."""
-    from dispatch_book.bench.kernels import graph_7x30
+    from dispatch_book.bench.harness import graph_7x30
 
     return graph_7x30(fn)
 

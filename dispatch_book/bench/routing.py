@@ -21,7 +21,7 @@ from dispatch.config import PRESETS
 from dispatch.kernels.routing import route, route_torch
 from dispatch.kernels.sort import sort_by_expert, sort_by_expert_torch
 from dispatch_book import bench
-from dispatch_book.bench.kernels import graph_7x30
+from dispatch_book.bench.harness import graph_7x30
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3")  # E = 64, 128, 256; K = 8
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
