@@ -103,9 +103,12 @@ def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
         up, down = GemmConfig(**b["up"]), GemmConfig(**b["down"])
         assert up.block_m == down.block_m == bm and b["grouped_us"] <= b["grouped_default_us"]
         assert (up.block_n, up.num_stages, down.block_n) == (32, 1, 32)  # the fake price's cheapest
-    assert tiles.tuned_pair(e, 200) == (GemmConfig(**e["buckets"]["256"]["up"]),
-                                        GemmConfig(**e["buckets"]["256"]["down"]))
-    assert tiles.tuned_pair(e, 64) is not None and tiles.tuned_pair(e, 16) is None  # 2× away at most
+    def pair(T):  # what tiles.quant_gemm_configs reads from the device's table
+        up, down = tiles.tuned(e, T, "up", within=1), tiles.tuned(e, T, "down", within=1)
+        return (up, down) if up is not None and down is not None else None
+
+    assert pair(200) == (GemmConfig(**e["buckets"]["256"]["up"]), GemmConfig(**e["buckets"]["256"]["down"]))
+    assert pair(64) is not None and pair(16) is None  # 2× away at most
     jobs = compile_jobs(["tiny"], (2, 128), cpu, ("fp8-channel",))
     assert {(j[1], j[2]) for j in jobs} == {(2, "decode:fp8-channel"), (16, "up:fp8-channel"),
                                            (16, "down:fp8-channel")}

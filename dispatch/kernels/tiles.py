@@ -15,7 +15,6 @@ relies on it). Up and down share ``block_m``: it fixes how the sort pads each ex
 from __future__ import annotations
 
 import functools
-import math
 import os
 from dataclasses import asdict, dataclass, replace
 
@@ -204,19 +203,21 @@ def _slug(dev) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _lookup(slug: str | None, K: int, E: int, H: int, I: int, dtype, T: int, kind: str):  # noqa: E741
+def _lookup(slug: str | None, K: int, E: int, H: int, I: int, dtype, T: int, kind: str,  # noqa: E741
+            within: float | None = None):
     """The table's answer, cached: ``kind`` "up"/"down"/"decode" → a config or None; "crossover" → int."""
     e = tables.entry(slug, E, H, I, K, dtype) if slug else None
     if kind == "crossover":
         return int(e["crossover"]) if e and "crossover" in e else DECODE_MAX_TOKENS
-    return tuned(e, T, kind)
+    return tuned(e, T, kind, within)
 
 
-def tuned(entry: dict | None, T: int, kind: str):
-    """The tuned config of ``kind`` ("up", "down", "decode") nearest T in ``entry``, or None."""
+def tuned(entry: dict | None, T: int, kind: str, within: float | None = None):
+    """The tuned config of ``kind`` ("up", "down", "decode") nearest T in ``entry`` (``within``: at
+    most that far in log2, see ``tables.nearest_bucket``), or None."""
     if not entry:
         return None
-    b = tables.nearest_bucket(entry.get("buckets", {}), T, kind)
+    b = tables.nearest_bucket(entry.get("buckets", {}), T, kind, within)
     if b is None:
         return None
     return (DecodeConfig if kind == "decode" else GemmConfig)(**b[kind])
@@ -251,23 +252,11 @@ def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E
 def quant_gemm_configs(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E741
                        scheme: str) -> tuple[GemmConfig, GemmConfig] | None:
     """(up, down) tiles of the grouped GEMM on experts quantized in ``scheme`` ('fp8-channel+w8a8'):
-    the table's (``python -m dispatch.tune --quant`` tunes w8a8), else None (the launcher's default)."""
-    return _quant_pair(_slug(dev), K, E, H, I, quant_key(dtype, scheme), T)
-
-
-@functools.lru_cache(maxsize=4096)  # launchers ask on every call
-def _quant_pair(slug: str | None, K: int, E: int, H: int, I: int, key: str, T: int):  # noqa: E741
-    return tuned_pair(tables.entry(slug, E, H, I, K, key) if slug else None, T)
-
-
-def tuned_pair(entry: dict | None, T: int) -> tuple[GemmConfig, GemmConfig] | None:
-    """The (up, down) of the tuned bucket nearest T, if one lies within 2× of T (tuned sizes only
-    stand for their neighbours), else None."""
-    b = tables.nearest_bucket(entry.get("buckets", {}), T, "up") if entry else None
-    near = [int(k) for k, v in entry["buckets"].items() if v is b] if b else []
-    if not near or abs(math.log2(near[0]) - math.log2(max(T, 1))) > 1:
-        return None
-    return GemmConfig(**b["up"]), GemmConfig(**b["down"])
+    the table's bucket nearest T if within 2× of it (tuned sizes only stand for their neighbours;
+    ``python -m dispatch.tune --quant`` tunes w8a8), else None (the launcher's default)."""
+    slug, key = _slug(dev), quant_key(dtype, scheme)
+    up, down = (_lookup(slug, K, E, H, I, key, T, kind, 1) for kind in ("up", "down"))
+    return (up, down) if up is not None and down is not None else None
 
 
 def quant_key(dtype, scheme: str) -> str:

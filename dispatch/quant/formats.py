@@ -43,6 +43,10 @@ class Scheme:
         """(block_rows, block_cols) for a stack with ``cols`` input channels."""
         return self.block_rows, self.block_cols or cols
 
+    def per_row(self, cols: int) -> bool:
+        """``QuantizedTensor.per_row`` of a stack with ``cols`` input channels in this scheme."""
+        return self.block(cols)[1] >= cols
+
     def expert_bytes(self, E: int, H: int, I: int) -> int:  # noqa: E741
         """Exact bytes of E experts (gate_up [E, 2I, H] + down [E, H, I]): 1-byte codes + fp32 scales."""
         def scales(R, C):

@@ -51,13 +51,15 @@ def entry(slug: str, E: int, H: int, I: int, K: int, dtype) -> dict | None:  # n
     return load(slug).get("entries", {}).get(shape_key(E, H, I, K, dtype))
 
 
-def nearest_bucket(buckets, T: int, need: str | None = None) -> dict | None:
-    """The bucket (a dict of a shape entry's "buckets") nearest to T in log2, holding ``need``."""
+def nearest_bucket(buckets, T: int, need: str | None = None, within: float | None = None) -> dict | None:
+    """The bucket (a dict of a shape entry's "buckets") nearest to T in log2, holding ``need``;
+    ``within``: None unless it lies at most that far from T in log2 (1: within 2×)."""
     held = [(int(b), v) for b, v in buckets.items() if need is None or need in v]
     if not held:
         return None
     lt = math.log2(max(T, 1))
-    return min(held, key=lambda bv: (abs(math.log2(bv[0]) - lt), -bv[0]))[1]
+    b, v = min(held, key=lambda bv: (abs(math.log2(bv[0]) - lt), -bv[0]))
+    return v if within is None or abs(math.log2(b) - lt) <= within else None
 
 
 def load_file(path) -> dict | None:

@@ -35,7 +35,7 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
             base = tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, runtime.compute_dtype(dev), dev)
             jobs.append((name, T, f"decode:{scheme}", [c for step in qs.quant_steps(base, 1) for c in step(base)]))
         for scheme, T in ((s, T) for s in qs.w8a8_schemes(schemes, dev) for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
-            late = qs.late_scales(scheme)
+            late = quant.SCHEMES[scheme].per_row(cfg.H) and quant.SCHEMES[scheme].per_row(cfg.I)
             base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
             for kind in ("up", "down"):
                 key = (scheme, kind, base.block_m, cfg.K if kind == "up" else 0)

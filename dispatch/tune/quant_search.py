@@ -56,12 +56,6 @@ def w8a8_schemes(schemes, dev) -> tuple[str, ...]:
     return tuple(s for s in schemes if quant.SCHEMES[s].dtype == FP8 and (cap is None or cap >= (8, 9)))
 
 
-def late_scales(scheme: str) -> bool:
-    """Per-channel schemes: one scale a row, applied after the reduction (the launcher's ``late``)."""
-    s = quant.SCHEMES[scheme]
-    return s.block_rows == 1 and s.block_cols is None
-
-
 def quant_gemm_space(kind: str, base: GemmConfig, dev, late: bool) -> list[GemmConfig]:
     """w8a8 candidates of one kernel with the default's block_m: those that fit registers (block
     scales: a chunk's product beside each accumulator) and shared memory (1-byte operands), with
@@ -126,11 +120,11 @@ def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
 def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
     """The entries of one preset's quantized experts: per scheme the decode tiles (T ≤ QUANT_MAX_T),
     and for fp8 schemes the w8a8 grouped tiles (T ≥ QUANT_GROUPED_MIN_T)."""
-    cfg, w, out = PRESETS[name], None, {}
+    cfg, w, out, w8a8 = PRESETS[name], None, {}, w8a8_schemes(schemes, dev)
     for scheme in schemes:
         for suffix, Ts, tune in (("", [t for t in tokens if t <= QUANT_MAX_T], tune_decode_quant),
                                  ("+w8a8", [t for t in tokens if t >= QUANT_GROUPED_MIN_T]
-                                  if scheme in w8a8_schemes(schemes, dev) else [], tune_grouped_w8a8)):
+                                  if scheme in w8a8 else [], tune_grouped_w8a8)):
             buckets = {}
             for T in Ts:
                 case = make_case(name, T, dev, dtype, w)

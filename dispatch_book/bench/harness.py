@@ -87,7 +87,7 @@ def graph_7x30(fn, host: bool = True) -> dict:
     return out | ({"host_us": statistics.median(host_ts)} if host else {})
 
 
-def graph_rounds(fns: dict, rounds: int = 3) -> dict:
+def graph_rounds(fns: dict, rounds: int) -> dict:
     """name -> timing of each fn, ``rounds`` rounds of :func:`graph_7x30` taken in turn (A B C, A B C, ...):
     a clock or power drift during the run then lands on every contestant alike, not on whichever is
     timed first. median_ms is the median of the rounds' medians; min/max over all 7·rounds replays."""
