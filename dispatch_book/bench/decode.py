@@ -9,9 +9,12 @@ contestant: ``ours`` (``moe_decode``, as a user calls it: host overhead included
 tiles: too few programs to fill the GPU), ``grouped_graph`` (chapter 2's grouped GEMM, the tile
 policy's tiles, replayed from a CUDA graph; ``decode_wins`` says which path is faster under graphs:
 the decode/grouped crossover, measured), transformers' ``batched_mm`` and ``grouped_mm``
-(``OlmoeExperts`` holding our tensors), and ``loop`` (the per-expert PyTorch loop of
-``dispatch.reference``). The floor is the bytes of the distinct chosen experts over the GPU's HBM
-read bandwidth (``dispatch_book.bench.ceilings()``: measured, else the datasheet).
+(``OlmoeExperts`` holding our tensors), ``loop`` (the per-expert PyTorch loop of
+``dispatch.reference``) and ``stream_graph``: a plain read of the same number of bytes, contiguous
+(``x.sum(dtype=float32)`` over a bf16 buffer, from a CUDA graph) — what streaming alone costs at this
+size, ramp and tail included (``stream_pct``: ours_graph's rate as % of it). The floor is the bytes of
+the distinct chosen experts over the GPU's HBM read bandwidth (``dispatch_book.bench.ceilings()``:
+measured on 4 GiB, else the datasheet).
 Tiles come from the tile policy (``dispatch.kernels.tiles``: this GPU's tuned table, written by
 ``python -m dispatch.tune``, else heuristics); rows record their config.
 Rows go to ``results/<gpu>/decode.json`` (``dispatch_book.bench.save``).
@@ -90,6 +93,8 @@ def _measure_one(name: str, T: int, dev, dtype, hbm_bps: float, log) -> dict:
         mod = hf.build_experts(gu, dn, impl)
         fns[impl] = (lambda m=mod: hf.run_experts(m, x, w, ids))
     fns["loop"] = lambda: experts_reference(x, w.to(dtype), ids, gu, dn)
+    stream = torch.zeros(nbytes // 2, dtype=torch.bfloat16, device=dev)  # the same bytes, contiguous
+    fns["stream_graph"] = capture_graph(lambda: stream.sum(dtype=torch.float32)).replay
     for cname, fn in fns.items():
         try:
             with torch.no_grad():
@@ -107,11 +112,13 @@ def _measure_one(name: str, T: int, dev, dtype, hbm_bps: float, log) -> dict:
         row["speedup_vs_best_hf"] = min(hf_ms) / c["ours"]["median_ms"]
     if "median_ms" in c.get("grouped_graph", {}):
         row["decode_wins"] = c["ours_graph"]["median_ms"] <= c["grouped_graph"]["median_ms"]
+    row["stream_pct"] = 100 * c["stream_graph"]["median_ms"] / c["ours_graph"]["median_ms"]
     if "median_ms" in c.get("batched_mm", {}):
         row["speedup_vs_batched_mm"] = c["batched_mm"]["median_ms"] / c["ours"]["median_ms"]
     log(f"{name:14s} T={T:3d} uniq={uniq:3d} floor {row['floor_ms'] * 1e3:7.1f}us | " + " ".join(
         f"{k} {v['median_ms'] * 1e3:8.1f}us" if "median_ms" in v else f"{k} skip" for k, v in c.items())
-        + f" | {c['ours']['pct_hbm']:.0f}% HBM (graph {c['ours_graph']['pct_hbm']:.0f}%) err {err:.1e}")
+        + f" | {c['ours']['pct_hbm']:.0f}% HBM (graph {c['ours_graph']['pct_hbm']:.0f}%, "
+        f"{row['stream_pct']:.0f}% of a same-size stream) err {err:.1e}")
     return row
 
 

@@ -8,7 +8,7 @@ from dispatch_book.figures import color, finish_grid
 
 LABELS = {"ours": "ours (moe_decode)", "ours_graph": "ours, CUDA graph", "ours_wide": "ours, wide tiles",
           "batched_mm": "transformers batched_mm", "grouped_mm": "transformers grouped_mm",
-          "loop": "per-expert torch loop"}
+          "loop": "per-expert torch loop", "stream_graph": "plain read of the same bytes"}
 
 
 def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = None, block_ho: int | None = None):  # noqa: E741
@@ -61,7 +61,7 @@ def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=LABELS.get(name, name),
                         color=color(OURS_COLORS.get(name, name)),
-                        ls={"ours_graph": "--", "ours_wide": ":"}.get(name, "-"))
+                        ls={"ours_graph": "--", "ours_wide": ":", "stream_graph": "-."}.get(name, "-"))
         ax.axhline(hbm_bps / 1e9, color=color("ceiling"), lw=1)
         ax.axhline(0.8 * hbm_bps / 1e9, color=color("ceiling"), lw=0.8, ls=":")
         ax.text(1, hbm_bps / 1e9 * 1.02, f"{hbm_label} {hbm_bps / 1e12:.2f} TB/s (80% dotted)",
@@ -72,7 +72,7 @@ def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
 
 
 # the three "ours" lines differ in colour as well as in dash style
-OURS_COLORS = {"ours": "ours", "ours_graph": "ours_layer", "ours_wide": "ours_decode"}
+OURS_COLORS = {"ours": "ours", "ours_graph": "ours_layer", "ours_wide": "ours_decode", "stream_graph": "ceiling"}
 
 
 def target_checks(doc: dict, hbm_bps: float) -> list[dict]:
