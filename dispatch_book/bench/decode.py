@@ -35,6 +35,7 @@ from dispatch.reference import experts_reference, route_reference
 from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
 from dispatch_book.bench.harness import capture_graph
+from dispatch_book.bench.peaks import same_bytes_read
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "qwen3-30b-a3b")
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -93,8 +94,7 @@ def _measure_one(name: str, T: int, dev, dtype, hbm_bps: float, log) -> dict:
         mod = hf.build_experts(gu, dn, impl)
         fns[impl] = (lambda m=mod: hf.run_experts(m, x, w, ids))
     fns["loop"] = lambda: experts_reference(x, w.to(dtype), ids, gu, dn)
-    stream = torch.zeros(nbytes // 2, dtype=torch.bfloat16, device=dev)  # the same bytes, contiguous
-    fns["stream_graph"] = capture_graph(lambda: stream.sum(dtype=torch.float32)).replay
+    fns["stream_graph"] = capture_graph(same_bytes_read(nbytes, dev)).replay
     for cname, fn in fns.items():
         try:
             with torch.no_grad():

@@ -9,6 +9,9 @@ the layer has one). ``ours_grouped`` / ``ours_decode`` are our two paths (tiles 
 ``chosen``; ``ours_persistent`` the grouped path under the persistent schedule (from 256 tokens);
 ``ours_decode_shared`` (layers with a shared expert, T ≤ 256) the decode kernels with the shared
 MLP run as more experts (``shared_fused``: an idea measured, not a path of ``moe``);
+``stream_same_bytes`` (T ≤ 64) is no layer: a plain read of the bytes the layer reads (the distinct
+routed experts, plus the shared expert where there is one), one contiguous buffer
+(``peaks.same_bytes_read``), timed in the same rounds — what streaming alone costs at that size;
 ``ours_no_pdl`` the path ``moe`` picks with plain launches (no programmatic dependent launch, chapter 6:
 what PDL is worth at each size, measured in the same run); ``peer_fused_moe`` a vLLM-design fused-MoE
 kernel (``peers``), best of its configs per size, its alignment step excluded. Ours and the peer are
@@ -34,6 +37,7 @@ from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
 from dispatch_book.bench import peers
 from dispatch_book.bench.harness import graph_rounds
+from dispatch_book.bench.peaks import same_bytes_read
 from dispatch_book.bench.shared_fused import fused_shared_decode
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "deepseek-moe-16b", "qwen3-30b-a3b")
@@ -162,6 +166,11 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
             if reason is not None:
                 row["skipped"] = reason
             timed.append(row)
+        if T <= 64 and dev.type == "cuda":  # the same bytes read plainly, timed in the same rounds
+            nbytes = weight_bytes + 3 * cfg.H * cfg.shared_intermediate_size * x_TH.element_size()
+            graphed["stream_same_bytes"] = same_bytes_read(nbytes, dev)
+            timed.append({"shape": name, "tokens": T, "contestant": "stream_same_bytes", "flops": 0,
+                          "expert_bytes": weight_bytes, "stream_bytes": nbytes, "unique_experts": n_unique})
         for cname, t in graph_rounds(graphed, ROUNDS).items():
             next(r for r in timed if r["contestant"] == cname).update(t)
         for row in timed:
@@ -169,7 +178,7 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
                 s = row["median_ms"] / 1e3
                 row["tflops"] = flops / s / 1e12
                 row["pct_peak_flops"] = 100 * row["tflops"] / ceil["bf16_tflops"]
-                row["gbps"] = weight_bytes / s / 1e9
+                row["gbps"] = row.get("stream_bytes", weight_bytes) / s / 1e9
                 row["pct_read_bw"] = 100 * row["gbps"] / ceil["hbm_read_gbps"]
                 row["pct_hbm"] = row["pct_read_bw"]
             rows.append(row)

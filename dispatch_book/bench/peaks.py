@@ -114,6 +114,15 @@ def _read(nbytes: int) -> dict:
             "bytes": nbytes, **t, "GBps": nbytes / (t["median_ms"] * 1e-3) / 1e9}
 
 
+def same_bytes_read(nbytes: int, device):
+    """A plain read of ``nbytes`` (``x.sum(dtype=float32)`` over one contiguous bf16 buffer, the
+    ``hbm_read`` ceiling's kernel) as a function to time beside a kernel that reads that many bytes:
+    what streaming alone costs at this size, its start and drain included, where the ceiling is
+    measured on 4 GiB."""
+    x = torch.zeros(max(1, nbytes // 2), dtype=torch.bfloat16, device=device)
+    return lambda: x.sum(dtype=torch.float32)
+
+
 def _matmul(n: int) -> dict:
     dt = runtime.compute_dtype()
     g = torch.Generator(device="cuda").manual_seed(0)

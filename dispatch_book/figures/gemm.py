@@ -64,7 +64,7 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
     rows_n = -(-len(shapes) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(9.4, 3.6 * rows_n), squeeze=False, sharey=True)
     for ax, shape in zip(axes.flat, shapes, strict=False):
-        rs = [r for r in rows if r["shape"] == shape and "tflops" in r]
+        rs = [r for r in rows if r["shape"] == shape and r.get("tflops")]  # a plain read does no FLOPs
         names = contestants or list(dict.fromkeys(r["contestant"] for r in rs))
         for name in names:
             pts = sorted((r["tokens"], r["tflops"]) for r in rs if r["contestant"] == name)
