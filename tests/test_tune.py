@@ -177,6 +177,19 @@ def test_precompile_workers(small_space):
     assert precompile(jobs, workers=2, log=lambda s: None) == []
 
 
+def test_compile_workers_fit_the_device_memory():
+    """Each worker holds a preset's weights (x4 with codes): on an H200, 12 of them ran out of memory."""
+    from dispatch.tune.compile import workers_that_fit
+
+    mixtral = 3 * 8 * 4096 * 14336 * 2  # bf16 bytes of Mixtral's experts
+    jobs = [("tiny", 1, "decode", []), ("mixtral-8x7b", 16, "up:fp8-channel", [])]
+    per = (1 << 30) + 4 * mixtral  # the largest job's need: 12.3 GB
+    assert workers_that_fit(jobs, 12, 140 * 10**9) == int(0.8 * 140 * 10**9) // per == 9
+    assert workers_that_fit(jobs, 2, 140 * 10**9) == 2  # never more than asked
+    assert workers_that_fit(jobs, 12, 10 * 10**9) == 0  # none fits: compile while timing
+    assert workers_that_fit(jobs[:1], 12, 140 * 10**9) == 12  # tiny: only the CUDA context counts
+
+
 def test_cli_rejects_bad_requests():
     with pytest.raises(SystemExit, match="unknown preset"):
         main(["--preset", "nope"])

@@ -45,7 +45,7 @@ import triton
 
 from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
-from dispatch.tune.compile import compile_jobs, precompile
+from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
 from dispatch.tune.search import BENCH_PRESETS, tune_preset
 
 
@@ -74,9 +74,13 @@ def main(argv=None) -> None:
     name = runtime.device_name(dev)
     out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
     t0 = dt.datetime.now()
-    if a.workers:
+    jobs = compile_jobs(presets, tokens, dev, schemes)
+    workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])
+    if workers < a.workers:
+        print(f"{workers} compile workers, not {a.workers}: each holds a preset's weights on the GPU", flush=True)
+    if workers:
         try:
-            precompile(compile_jobs(presets, tokens, dev, schemes), a.workers)
+            precompile(jobs, workers)
         except Exception as e:  # noqa: BLE001 - a broken pool only costs time: kernels compile while timing
             print(f"parallel compile failed ({e!r}); compiling while timing", flush=True)
         print(f"compiled in {(dt.datetime.now() - t0).total_seconds():.0f} s", flush=True)
