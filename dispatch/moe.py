@@ -14,7 +14,9 @@ Paths (``path=``):
               interpreter is for tests: it runs only when asked for with "triton" or "decode")
 ``tiles=`` pins the chosen path's tiles: a ``GemmConfig`` for "triton", a ``DecodeConfig`` for "decode"
 (a mismatch is a ValueError); unpinned, they come from the tile policy (:mod:`dispatch.kernels.tiles`).
-The shared expert runs in torch on every path; so does the router matmul, except on the kernel paths on a GPU
+The shared expert runs in torch, except on "decode" where it is ungated with S a multiple of I (DeepSeek-MoE's):
+there it rides along in the decode kernels as S / I more experts (``moe_decode(shared=)``, one pass over all
+the weights; :func:`shared_rides_along`). The router matmul runs in torch too, except on the kernel paths on a GPU
 at <= 16 tokens (softmax routing): there it is the decode step's GEMV (``dense_gemv.linear_small``), one
 launch that programmatic dependent launch chains to its neighbours (``dispatch.kernels.pdl``).
 The kernel paths are ``torch.library`` ops: ``torch.compile`` traces through them, CUDA graphs capture
@@ -75,6 +77,13 @@ def kernel_router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> t
     return router_logits(x_TH, cfg, w)
 
 
+def shared_rides_along(cfg: MoEConfig) -> bool:
+    """Whether the decode path runs the layer's shared expert inside its kernels, as S / I more experts
+    every token chooses with weight 1: an ungated shared expert whose S is a multiple of I."""
+    S = cfg.shared_intermediate_size
+    return bool(S) and S % cfg.I == 0 and not cfg.shared_gate
+
+
 def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, check_ids: bool) -> torch.Tensor:
     """The layer on validated weights: x [T, H] or [B, S, H] → the same shape."""
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
@@ -97,8 +106,12 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
                                  check_ids=check_ids)
     else:
         weights_TK, ids_TK = route(kernel_router_logits(x_TH, cfg, w), cfg, w.bias_E)
+        args = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
+        if chosen == "decode" and shared_rides_along(cfg):  # the shared expert inside the kernels
+            shared = (w.shared_gate_up_2SH, w.shared_down_HS)
+            return moe_decode(*args, shared=shared, config=tiles, check_ids=check_ids).view(x.shape)
         experts = moe_decode if chosen == "decode" else moe_experts
-        y_TH = experts(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=tiles, check_ids=check_ids)
+        y_TH = experts(*args, config=tiles, check_ids=check_ids)
     shared_TH = shared_reference(x_TH, cfg, w)
     y_TH = y_TH if shared_TH is None else y_TH + shared_TH
     return y_TH.view(x.shape)

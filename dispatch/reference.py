@@ -132,6 +132,19 @@ def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch
     return out_TH
 
 
+def shared_as_experts(shared_gate_up_2SH: torch.Tensor, shared_down_HS: torch.Tensor, I: int):  # noqa: E741
+    """An ungated shared expert of S = n·I columns as n experts of the routed experts' shape, copies:
+    ([n, 2I, H] gate|up, [n, H, I] down). SwiGLU is separable over the intermediate dimension,
+    W_down (silu(W_gate x) ⊙ W_up x) = Σ_j W_down[:, J] (silu(W_gate[J] x) ⊙ W_up[J] x) over the n
+    chunks J = j·I .. (j+1)·I-1, so the n experts, each with weight 1, sum to the shared expert."""
+    S = shared_down_HS.shape[1]
+    if S % I:
+        raise ValueError(f"the shared expert's S={S} columns must be a multiple of I={I}")
+    gu, chunks = shared_gate_up_2SH, range(S // I)
+    gate_up = torch.stack([torch.cat([gu[j * I:(j + 1) * I], gu[S + j * I:S + (j + 1) * I]]) for j in chunks])
+    return gate_up, torch.stack([shared_down_HS[:, j * I:(j + 1) * I] for j in chunks])
+
+
 def router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
     """x_TH @ router_EH.T — in fp32 for sigmoid (DeepSeek-V3) routing, as transformers does."""
     if cfg.scoring == "sigmoid":

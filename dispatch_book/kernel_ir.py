@@ -111,7 +111,7 @@ def decode_conversions(target: int = 90) -> list[dict]:
             continue  # no fp8 below sm_89
         q = weights != "bf16"
         const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=32, BLOCK_H=128,
-                     BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, PDL=False)
+                     BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, PDL=False, NS=0)
         c = compile_offline(fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const,
                             target=target, num_warps=4)
         rows.append({"weights": weights, **{k: c[k] for k in ("cvt_scalar", "cvt_packed", "byte_permutes")}})
@@ -127,7 +127,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
     from dispatch.engine import attention, fused, fused_moe
     from dispatch.kernels import combine, dense_gemv, gemv_kernels, grouped_kernels, routing, sort
 
-    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3)
+    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, NS=0)
     gemm = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, GROUP_M=8, SBR=1, SBC=1, QUANT=False,
                 W8A8=False, LATE_SCALE=False, WFIRST=False)
     return [
@@ -145,7 +145,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
                                               BLOCK_G=1)),
         ("decode up", gemv_kernels._up_swiglu_kernel, dict(dec, BLOCK_I=32, BLOCK_H=256)),
         ("decode down", gemv_kernels._down_kernel, dict(dec, BLOCK_HO=32, BLOCK_I=128)),
-        ("combine", combine._combine_kernel, dict(TOP_K=8, HAS_IDS=True, BLOCK_H=1024)),
+        ("combine", combine._combine_kernel, dict(TOP_K=8, HAS_IDS=True, BLOCK_H=1024, NS=0)),
         ("router_topk", fused_moe._router_topk_kernel, dict(K=8, RENORM=False, BLOCK_E=64, BLOCK_H=128,
                                                             BLOCK_K=8)),
         ("down_combine", fused_moe._down_combine_kernel, dict(K=8, BLOCK_HO=8, BLOCK_I=256)),

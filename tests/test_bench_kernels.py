@@ -97,17 +97,19 @@ def test_graph_rounds_interleaves_and_takes_the_median_of_rounds(monkeypatch):
 
 def test_shared_as_experts_splits_the_shared_mlp_exactly():
     """n = S / I chunks of the shared SwiGLU, summed, are the shared expert (fp32, same inputs);
-    a gated shared expert (Qwen2-MoE) or S not a multiple of I is not split."""
-    from dispatch.reference import shared_reference, swiglu_expert
-    from dispatch_book.bench.shared_fused import shared_as_experts
+    S not a multiple of I is refused; a gated shared expert (Qwen2-MoE) never rides along."""
+    from dispatch.moe import shared_rides_along
+    from dispatch.reference import shared_as_experts, shared_reference, swiglu_expert
 
     cfg = CFGS["shared_2I"]
     w = random_weights(cfg, seed=7)
     x = torch.randn(5, cfg.H, generator=torch.Generator().manual_seed(8))
-    gate_up, down = shared_as_experts(cfg, w)
+    gate_up, down = shared_as_experts(w.shared_gate_up_2SH, w.shared_down_HS, cfg.I)
     assert gate_up.shape == (2, 2 * cfg.I, cfg.H) and down.shape == (2, cfg.H, cfg.I)
     y = sum(swiglu_expert(x, gate_up[j], down[j]) for j in range(2))
     torch.testing.assert_close(y, shared_reference(x, cfg, w), rtol=1e-5, atol=1e-6)
-    assert shared_as_experts(CFGS["shared"], random_weights(CFGS["shared"], seed=7)) is None
+    w48 = random_weights(CFGS["shared"], seed=7)
+    with pytest.raises(ValueError, match="multiple of I"):
+        shared_as_experts(w48.shared_gate_up_2SH, w48.shared_down_HS, CFGS["shared"].I)
     gated = MoEConfig(64, 32, 8, 2, shared_intermediate_size=64, shared_gate=True, family="qwen2_moe")
-    assert shared_as_experts(gated, random_weights(gated, seed=7)) is None
+    assert shared_rides_along(cfg) and not shared_rides_along(CFGS["shared"]) and not shared_rides_along(gated)

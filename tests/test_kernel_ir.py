@@ -99,3 +99,29 @@ print("ok")
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_shared_experts_keep_the_decode_loops_pipelined():
+    """With a shared expert riding along (NS = 2: its weights chosen per item by a select), the decode
+    up and down kernels compile for sm_90 with as many asynchronous copies and MMAs as without."""
+    script = r'''
+import json
+from dispatch_book.kernel_ir import _signature, compile_offline
+from dispatch.kernels import gemv_kernels as gk
+ptrs = dict(ids_ptr="*i32", gs_ptr="*fp32", ds_ptr="*fp32", out_ptr="*fp32", w_ptr="*fp32")
+out = {}
+for ns in (0, 2):
+    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3,
+               NS=ns, PDL=False)
+    for name, fn, c in (("up", gk._up_swiglu_kernel, dict(dec, BLOCK_I=32, BLOCK_H=256)),
+                        ("down", gk._down_kernel, dict(dec, BLOCK_HO=32, BLOCK_I=128))):
+        s = compile_offline(fn, _signature(fn, c, ptrs), c, num_warps=4)
+        out[f"{name} {ns}"] = [s["async_copies"], s["mma"], s["spills"]]
+print(json.dumps(out))
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for kind in ("up", "down"):
+        assert got[f"{kind} 2"] == got[f"{kind} 0"] and got[f"{kind} 0"][0] > 0 and not got[f"{kind} 0"][2], got

@@ -7,6 +7,8 @@ same fp32 additions in the same order, so the two agree bit for bit.
 
 With ``ids_TK`` and ``num_experts`` given, a row whose expert id lies outside [0, E) adds nothing:
 its value is never used (it may be unwritten memory), selected away rather than multiplied by 0.
+The decode path's shared experts (``combine_impl(extra=n)``) add n rows per token after its K, with
+no id to check: token t's rows are t·(K+n) .. t·(K+n)+K+n-1, summed in that order.
 
 Example: K = 2, out_NH rows [a0, a1, b0, b1] → y_TH rows [a0 + a1, b0 + b1].
 """
@@ -24,15 +26,16 @@ from dispatch.kernels.pdl import pdl_enter, pdl_exit
 
 @triton.jit
 def _combine_kernel(out_ptr, ids_ptr, y_ptr, H, E, s_on, s_oh, s_it, s_ik, s_yt, s_yh,
-                    TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+                    TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+                    NS: tl.constexpr):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for k in tl.static_range(TOP_K):  # fixed k order
-        row = tl.load(out_ptr + (t * TOP_K + k) * s_on + offs * s_oh, mask=mask, other=0.0).to(tl.float32)
-        if HAS_IDS:
+    for k in tl.static_range(TOP_K + NS):  # fixed k order; the NS shared experts' rows last
+        row = tl.load(out_ptr + (t * (TOP_K + NS) + k) * s_on + offs * s_oh, mask=mask, other=0.0).to(tl.float32)
+        if HAS_IDS and k < TOP_K:
             e = tl.load(ids_ptr + t * s_it + k * s_ik)
             row = tl.where((e >= 0) & (e < E), row, 0.0)  # select, never multiply: the row may be garbage
         acc += row
@@ -68,10 +71,11 @@ def combine(out_NH: torch.Tensor, K: int, *, ids_TK: torch.Tensor | None = None,
 
 
 def combine_impl(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: int,
-                 dtype: torch.dtype) -> torch.Tensor:
-    """The launch behind :func:`combine` (inputs already checked; ``ids_TK`` None: no masking)."""
+                 dtype: torch.dtype, extra: int = 0) -> torch.Tensor:
+    """The launch behind :func:`combine` (inputs already checked; ``ids_TK`` None: no masking);
+    ``extra``: rows per token after its K with no id (the decode path's shared experts)."""
     N, H = out_NH.shape
-    T = N // K
+    T = N // (K + extra)
     y_TH = torch.empty(T, H, device=out_NH.device, dtype=dtype)
     if T == 0 or H == 0:
         return y_TH
@@ -79,7 +83,7 @@ def combine_impl(out_NH: torch.Tensor, K: int, ids_TK: torch.Tensor | None, E: i
     s_it, s_ik = ids_TK.stride() if ids_TK is not None else (0, 0)
     _combine_kernel[(T, triton.cdiv(H, block_h))](
         out_NH, ids_TK if ids_TK is not None else out_NH, y_TH, H, E, *out_NH.stride(), s_it, s_ik,
-        *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4,
+        *y_TH.stride(), TOP_K=K, HAS_IDS=ids_TK is not None, BLOCK_H=block_h, num_warps=4, NS=extra,
         **pdl.launch_kw(out_NH.device, late=True))
     return y_TH
 

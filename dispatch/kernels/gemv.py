@@ -15,6 +15,11 @@ So the kernels below
 4. sum each token's K weighted rows with the one k-order combine (fp32, cast once; rows with an id
    outside [0, E) were never written and are selected away).
 
+A shared expert of S = n·I columns with no gate (DeepSeek-MoE's) can ride along (``shared=``): n more
+experts, ids E .. E+n-1, that every token chooses with weight 1, read in place from the shared
+weights' own tensors; the combine then sums K + n rows per token. One pass over the routed and the
+shared weights instead of a second, torch-run MLP after the kernels (measured on an H200 in chapter 2).
+
     x_TH ─┐                       h_NI (x dtype)              out_NH (fp32, weighted)
     ids ──┴─ _up_swiglu_kernel ──► rows × I ─ _down_kernel ──► rows × H ─ combine ─► y_TH
             grid (G_up,)                     grid (G_down,)               grid (T, H chunks)
@@ -34,79 +39,116 @@ import triton
 from torch.library import custom_op
 
 from dispatch.kernels import pdl, tiles
-from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
+from dispatch.kernels.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.quant_kernels import weight_operand
 from dispatch.kernels.tiles import DecodeConfig
-from dispatch.reference import swiglu, swiglu_expert
+from dispatch.reference import shared_as_experts, swiglu, swiglu_expert
 
 
-def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: DecodeConfig | None = None,
+def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None, config: DecodeConfig | None = None,
                check_ids: bool = False) -> torch.Tensor:
     """The routed experts for a few tokens: y_TH = Σ_k weights_TK[t,k] · expert_{ids_TK[t,k]}(x_t).
 
     Same meaning as :func:`dispatch.reference.experts_reference`. Three launches, no host sync
     (CUDA-graph capturable): up+SwiGLU → down × weight → the k-order combine (fp32, cast once).
     Registered as ``torch.ops.dispatch.moe_decode`` (``torch.compile`` keeps it whole; no backward).
+    ``shared=(shared_gate_up_2SH, shared_down_HS)``: plus an ungated shared expert, S a multiple of I,
+    run as S / I more experts of the same kernels (:func:`dispatch.reference.shared_reference`'s meaning).
 
     Args:
         x_TH: [T, H] activations (copied if its last dim is not contiguous).
         weights_TK: [T, K] float. ids_TK: [T, K] int32/int64, 1 <= K <= E.
         gate_up_E2IH: [E, 2I, H], down_EHI: [E, H, I] (copied if their last dim is not contiguous).
-        config: tile sizes (default: :func:`dispatch.kernels.tiles.decode_config`: tuned table or heuristic).
+        config: tile sizes (default: :func:`dispatch.kernels.tiles.decode_config`: tuned table or heuristic;
+            with ``shared``, for K + n choices among E + n experts).
         check_ids: refuse ids outside [0, E) (one host sync); by default such rows add nothing.
     Returns: y_TH [T, H] in x's dtype.
     """
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
     if config is not None and not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
+    sgu, sdn = check_shared(shared, x_TH, I)
     check_launch("moe_decode", x_TH)
     # no config: the tile policy picks one inside the op, where torch.compile does not trace it
     tile_ints = list(astuple(config)) if config is not None else []
-    op = torch.ops.dispatch.moe_decode if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_decode_impl
-    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints)
+    op = torch.ops.dispatch.moe_decode if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI, sgu, sdn) \
+        else _moe_decode_impl
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, sgu, sdn, tile_ints)
+
+
+def check_shared(shared, x_TH, I: int):  # noqa: E741
+    """(shared_gate_up_2SH, shared_down_HS) or (None, None); ValueError naming what was expected."""
+    if shared is None:
+        return None, None
+    if not isinstance(shared, (tuple, list)) or len(shared) != 2:
+        raise ValueError("shared must be a pair (shared_gate_up_2SH [2S, H], shared_down_HS [H, S]), "
+                         f"got {type(shared).__name__}")
+    sgu, sdn = shared
+    for name, t in (("shared_gate_up_2SH", sgu), ("shared_down_HS", sdn)):
+        check_tensor(name, t, dims=2)
+        if t.dtype != x_TH.dtype or t.device != x_TH.device:
+            raise ValueError(f"{name} must be {x_TH.dtype} on {x_TH.device} (x's), got {t.dtype} on {t.device}")
+    H = x_TH.shape[1]
+    S = sgu.shape[0] // 2
+    if sgu.shape[1] != H or sgu.shape[0] % 2 or not S or tuple(sdn.shape) != (H, S) or S % I:
+        raise ValueError(f"shared experts must be [2S, H={H}] and [H={H}, S] with S a multiple of I={I}, got "
+                         f"{tuple(sgu.shape)} and {tuple(sdn.shape)}")
+    return sgu, sdn
 
 
 def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
-                     down_EHI: torch.Tensor, tile_ints: list[int]) -> torch.Tensor:
+                     down_EHI: torch.Tensor, shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None,
+                     tile_ints: list[int]) -> torch.Tensor:
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
-    cfg = DecodeConfig(*tile_ints) if tile_ints else tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device)
-    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg)
+    shared = None if shared_gate_up is None else (shared_gate_up, shared_down)
+    ns = 0 if shared is None else shared_gate_up.shape[0] // 2 // I
+    cfg = DecodeConfig(*tile_ints) if tile_ints else \
+        tiles.decode_config(T, K + ns, E + ns, H, I, x_TH.dtype, x_TH.device)
+    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
     # rows with an id outside [0, E) were never written: the combine selects them away
-    return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype)
+    return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype, extra=ns)
 
 
-def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig) -> torch.Tensor:
+def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None) -> torch.Tensor:
     """The first two launches of :func:`moe_decode` (inputs already checked): → out_NH [T·K, H] fp32,
     row t·K + k = weights_TK[t, k] · expert_{ids_TK[t, k]}(x_t); rows with an id outside [0, E) are left
     unwritten (expert parallelism sums them elsewhere, or never). The weights may be quantized
-    (``dispatch.quant.QuantizedTensor``, block_h / block_id inside their scale blocks: chapter 7)."""
+    (``dispatch.quant.QuantizedTensor``, block_h / block_id inside their scale blocks: chapter 7).
+    ``shared`` (checked, unquantized weights only): [T·(K + n), H], the n shared experts' rows after
+    each token's K."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
+    sgu, sdn = shared if shared is not None else (None, None)
+    ns = 0 if sgu is None else sgu.shape[0] // 2 // I
     if T == 0 or E == 0:
-        return torch.zeros(T * K, H, dtype=torch.float32, device=x_TH.device)
+        return torch.zeros(T * (K + ns), H, dtype=torch.float32, device=x_TH.device)
     if x_TH.stride(1) != 1:  # the kernels read x, and the weights, along a contiguous last dim
         x_TH = x_TH.contiguous()
     gu, gs, gs_strides, g_const = weight_operand(gate_up_E2IH)
     dn, ds, ds_strides, d_const = weight_operand(down_EHI)
-    N = T * K
-    slots = min(E, N)  # at most this many distinct experts are used
-    BLOCK_E = max(16, triton.next_power_of_2(E))
+    if ns and (g_const["QUANT"] or d_const["QUANT"]):
+        raise ValueError("shared experts ride along with unquantized routed experts only")
+    sgu = gu if sgu is None else sgu if sgu.stride(1) == 1 else sgu.contiguous()  # never read without shared
+    sdn = dn if sdn is None else sdn if sdn.stride(1) == 1 else sdn.contiguous()
+    N = T * (K + ns)
+    slots = min(E + ns, N)  # at most this many distinct experts are used
+    BLOCK_E = max(16, triton.next_power_of_2(E + ns))
     CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
         x_TH, ids_TK, gu, gs, h_NI, N, K, E, H, I,
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
-        **g_const,
+        sgu, sgu.stride(0), **g_const,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     _down_kernel[(cfg.grid(slots, triton.cdiv(H, cfg.block_ho)),)](
         h_NI, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        dn.stride(0), dn.stride(1), *ds_strides, h_NI.stride(0), out_NH.stride(0), **d_const,
+        dn.stride(0), dn.stride(1), *ds_strides, h_NI.stride(0), out_NH.stride(0), sdn, sdn.stride(0), **d_const,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     return out_NH
 
 
@@ -114,21 +156,31 @@ _moe_decode_op = custom_op("dispatch::moe_decode", _moe_decode_impl, mutates_arg
 
 
 @_moe_decode_op.register_fake
-def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints):
+def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, shared_gate_up, shared_down, tile_ints):
     return torch.empty_like(x_TH)
 
 
 no_backward(_moe_decode_op, "dispatch.kernels.gemv.moe_decode")
 
 
-def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.Tensor:
+def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None) -> torch.Tensor:
     """Plain-PyTorch twin of :func:`moe_decode`: the same grouping and the same roundings.
 
     Rows grouped by expert (each used expert's weights read once); products accumulated in fp32;
     h rounded to x's dtype; weighted rows kept in fp32 and summed over k in order, cast once.
+    ``shared``: the n shared experts (copies, :func:`dispatch.reference.shared_as_experts`) chosen by
+    every token with weight 1 after its K; an id outside [0, E) still adds nothing.
     """
-    check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
-    return by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    sgu, sdn = check_shared(shared, x_TH, I)
+    if sgu is None:
+        return by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+    gu, dn = shared_as_experts(sgu, sdn, I)
+    n = gu.shape[0]
+    ids = torch.where((ids_TK >= 0) & (ids_TK < E), ids_TK.long(), -1)  # must not alias a shared expert
+    ids = torch.cat([ids, torch.arange(E, E + n, device=ids.device).expand(T, n)], dim=1)
+    weights = torch.cat([weights_TK, weights_TK.new_ones(T, n)], dim=1)
+    return by_expert_torch(x_TH, weights, ids, torch.cat([gate_up_E2IH, gu]), torch.cat([down_EHI, dn]))
 
 
 def by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, act=None,

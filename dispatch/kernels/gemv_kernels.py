@@ -10,6 +10,13 @@ by slot; program p does items p, p + G, p + 2G, ... for a grid of G programs, so
 the same number of tiles, give or take one, however many experts the tokens chose. For each item
 it finds the slot's expert (``_slot_expert``) and the routed rows n = t·K + k sent to it, ascending
 (``_rows_of_expert``).
+
+A shared expert (DeepSeek-MoE's: S = NS·I columns, every token, no gate) rides along as ``NS`` more
+experts, ids E .. E+NS-1, chosen by every token with weight 1 in routed columns K .. K+NS-1 that
+``ids_TK`` does not hold (``_route_ids`` makes them up). SwiGLU splits exactly over the intermediate
+dimension, so expert E+j is rows j·I .. (j+1)·I-1 of the shared gate and of the shared up projection
+and columns j·I .. (j+1)·I-1 of the shared down projection, read in place from the shared weights'
+own tensors (``sgu_ptr`` [2S, H], ``sdn_ptr`` [H, S]). ``NS = 0`` compiles to the routed experts alone.
 """
 import triton
 import triton.language as tl
@@ -19,15 +26,30 @@ from dispatch.kernels.quant_kernels import _block_scales, _qdot
 
 
 @triton.jit
-def _expert_counts(ids_ptr, s_it, s_ik, N, K, E, BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr):
+def _route_ids(ids_ptr, s_it, s_ik, offs_n, N, K, E, NS: tl.constexpr):
+    """The expert id of each routed row n in ``offs_n`` (-1 past N): ids_TK[n // K, n % K], or with
+    NS shared experts, rows of K + NS per token whose last NS are the shared experts E .. E+NS-1
+    (an id of ids_TK outside [0, E) then reads as -1: it must not alias a shared expert)."""
+    if NS == 0:
+        ids = tl.load(ids_ptr + (offs_n // K) * s_it + (offs_n % K) * s_ik, mask=offs_n < N, other=-1)
+    else:
+        k = offs_n % (K + NS)
+        ids = tl.load(ids_ptr + (offs_n // (K + NS)) * s_it + k * s_ik, mask=(offs_n < N) & (k < K), other=-1)
+        ids = tl.where((ids >= 0) & (ids < E), ids, -1)
+        ids = tl.where(k < K, ids, E + k - K)
+        ids = tl.where(offs_n < N, ids, -1)
+    return ids
+
+
+@triton.jit
+def _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr):
     """(rows per expert [BLOCK_E], slot of each expert [BLOCK_E], -1 if unused, number of used experts)."""
     offs_e = tl.arange(0, BLOCK_E)
     count_E = tl.zeros([BLOCK_E], dtype=tl.int32)
     for n0 in range(0, N, CHUNK_N):
-        offs_n = n0 + tl.arange(0, CHUNK_N)
-        ids = tl.load(ids_ptr + (offs_n // K) * s_it + (offs_n % K) * s_ik, mask=offs_n < N, other=-1)
+        ids = _route_ids(ids_ptr, s_it, s_ik, n0 + tl.arange(0, CHUNK_N), N, K, E, NS)
         count_E += tl.sum((ids[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
-    used_E = ((count_E > 0) & (offs_e < E)).to(tl.int32)  # ids outside [0, E) never form a slot
+    used_E = ((count_E > 0) & (offs_e < E + NS)).to(tl.int32)  # ids outside [0, E + NS) never form a slot
     slot_E = tl.where(used_E > 0, tl.cumsum(used_E, axis=0) - 1, -1)
     return count_E, slot_E, tl.sum(used_E, axis=0)
 
@@ -40,14 +62,15 @@ def _slot_expert(count_E, slot_E, slot, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M: tl.constexpr, CHUNK_N: tl.constexpr):
+def _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS: tl.constexpr, e, count, m0, BLOCK_M: tl.constexpr,
+                    CHUNK_N: tl.constexpr):
     """Routed rows n (ascending) number m0 .. m0+BLOCK_M-1 of expert e, and which of them exist."""
     offs_m = m0 + tl.arange(0, BLOCK_M)
     rows_M = tl.zeros([BLOCK_M], dtype=tl.int32)
     seen = 0  # rows of e in earlier chunks
     for n0 in range(0, N, CHUNK_N):
         offs_n = n0 + tl.arange(0, CHUNK_N)
-        ids = tl.load(ids_ptr + (offs_n // K) * s_it + (offs_n % K) * s_ik, mask=offs_n < N, other=-1)
+        ids = _route_ids(ids_ptr, s_it, s_ik, offs_n, N, K, E, NS)
         match = (ids == e).to(tl.int32)
         rank = seen + tl.cumsum(match, axis=0) - 1
         hit = (match[None, :] > 0) & (rank[None, :] == offs_m[:, None])
@@ -58,28 +81,35 @@ def _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M: tl.constex
 
 @triton.jit
 def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-                      s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn,
+                      s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, NS: tl.constexpr):
     """h_NI[rows of e, an I tile] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
 
     Grid (G,): items (slot, I tile), slot-major; program p does items p, p + G, p + 2G, ...
     """
     pdl_enter(PDL)  # the expert ids come from the kernel before: nothing to read ahead of them
-    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, BLOCK_E, CHUNK_N)
+    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles = tl.cdiv(I, BLOCK_I)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
         e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
         s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
         offs_i = (item % tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
         mask_i = offs_i < I
-        gate_ptr = gu_ptr + e.to(tl.int64) * s_ge + offs_i[None, :] * s_gi  # [1, BLOCK_I], H contiguous
-        up_ptr = gate_ptr + I * s_gi
+        base = gu_ptr + e.to(tl.int64) * s_ge  # the expert's gate rows; its up rows s_up further on
+        s_row, s_up = s_gi, I * s_gi
+        if NS > 0:  # shared expert E + j: rows j·I.. of the shared gate, S + j·I.. of its up (S = NS·I)
+            shared = e >= E
+            base = tl.where(shared, sgu_ptr + ((e - E) * I).to(tl.int64) * s_sgi, base)
+            s_row = tl.where(shared, s_sgi, s_row)
+            s_up = tl.where(shared, NS * I * s_sgi, s_up)
+        gate_ptr = base + offs_i[None, :] * s_row  # [1, BLOCK_I], H contiguous
+        up_ptr = gate_ptr + s_up
         for m0 in range(0, count, BLOCK_M):  # BLOCK_M of the expert's rows at a time (one, mostly)
-            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
-            x_row = x_ptr + (rows_M // K).to(tl.int64)[:, None] * s_xt
+            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
+            x_row = x_ptr + (rows_M // (K + NS)).to(tl.int64)[:, None] * s_xt
             acc_g = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
             acc_u = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
             for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
@@ -104,27 +134,33 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
 
 @triton.jit
 def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
-                 s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on,
+                 s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh,
                  SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
-                 BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+                 BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
+                 NS: tl.constexpr):
     """out_NH[rows of e, an H tile] = weight · (h @ down.T), in fp32; down rows streamed once.
 
     Grid (G,): items (slot, H tile), slot-major; program p does items p, p + G, ... (all of I each).
     """
     pdl_enter(PDL)
-    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, BLOCK_E, CHUNK_N)
+    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles = tl.cdiv(H, BLOCK_HO)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
         e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
         s_e = ds_ptr + e.to(tl.int64) * s_se
         offs_o = (item % tiles) * BLOCK_HO + tl.arange(0, BLOCK_HO)
         mask_o = offs_o < H
-        down_ptr = dn_ptr + e.to(tl.int64) * s_de + offs_o[None, :] * s_dh  # [1, BLOCK_HO], I contiguous
+        base, s_row = dn_ptr + e.to(tl.int64) * s_de, s_dh  # the expert's [H, I], its row stride
+        if NS > 0:  # shared expert E + j: columns j·I .. of the shared down [H, S]
+            base = tl.where(e >= E, sdn_ptr + ((e - E) * I).to(tl.int64), base)
+            s_row = tl.where(e >= E, s_sdh, s_row)
+        down_ptr = base + offs_o[None, :] * s_row  # [1, BLOCK_HO], I contiguous
         for m0 in range(0, count, BLOCK_M):
-            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, e, count, m0, BLOCK_M, CHUNK_N)
+            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
             h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
-            w_M = tl.load(w_ptr + (rows_M // K) * s_wt + (rows_M % K) * s_wk, mask=valid_M, other=0.0)
+            k_M = rows_M % (K + NS)  # the shared experts' columns (k >= K) have weight 1
+            w_M = tl.load(w_ptr + (rows_M // (K + NS)) * s_wt + k_M * s_wk, mask=valid_M & (k_M < K), other=1.0)
             acc = tl.zeros([BLOCK_M, BLOCK_HO], dtype=tl.float32)
             for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
                 offs_i = i0 + tl.arange(0, BLOCK_I)

@@ -7,8 +7,9 @@ timed call is the experts part (plus the shared expert in torch, for every conte
 the layer has one). ``ours_grouped`` / ``ours_decode`` are our two paths (tiles from
 ``dispatch.kernels.tiles``); the row of the one ``moe`` picks (decode for T ≤ the tuned crossover) has
 ``chosen``; ``ours_persistent`` the grouped path under the persistent schedule (from 256 tokens);
-``ours_decode_shared`` (layers with a shared expert, T ≤ 256) the decode kernels with the shared
-MLP run as more experts (``shared_fused``: an idea measured, not a path of ``moe``);
+``ours_decode_shared`` (layers whose shared expert rides along, ``moe.shared_rides_along``; T ≤ 256)
+the decode kernels with the shared MLP run as S / I more experts (``moe_decode(shared=)``, what ``moe``
+runs on the decode path there) where ``ours_decode`` adds the shared expert in torch;
 ``stream_same_bytes`` (T ≤ 64) is no layer: a plain read of the bytes the layer reads (the distinct
 routed experts, plus the shared expert where there is one), one contiguous buffer
 (``peaks.same_bytes_read``), timed in the same rounds — what streaming alone costs at that size;
@@ -38,7 +39,6 @@ from dispatch_book.bench import hf_baselines as hf
 from dispatch_book.bench import peers
 from dispatch_book.bench.harness import graph_rounds
 from dispatch_book.bench.peaks import same_bytes_read
-from dispatch_book.bench.shared_fused import fused_shared_decode
 
 SHAPES = ("olmoe-1b-7b", "mixtral-8x7b", "deepseek-moe-16b", "qwen3-30b-a3b")
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
@@ -89,7 +89,7 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
 
     from dispatch.kernels.gemv import moe_decode
     from dispatch.kernels.persistent import moe_experts_persistent
-    from dispatch.moe import moe
+    from dispatch.moe import moe, shared_rides_along
 
     T, K = ids_TK.shape
     elt = x_TH.element_size()
@@ -107,12 +107,15 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     crossover = tiles.decode_max_tokens(cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, x_TH.device)
     out["ours_grouped"] = (with_shared(lambda: gg.moe_experts(*args)), None)
     out["ours_decode"] = (with_shared(lambda: moe_decode(*args)), None if T <= 256 else "decode path: T ≤ 256")
-    if cfg.shared_intermediate_size:  # an idea measured: the shared MLP as more experts (shared_fused)
-        fused = fused_shared_decode(cfg, w, *args[:3]) if T <= 256 else None
-        out["ours_decode_shared"] = (fused, None if fused else "decode path: T ≤ 256" if T > 256
-                                     else "the shared expert is not whole experts")
-    out["ours_grouped"][0].chosen, out["ours_decode"][0].chosen = T > crossover, T <= crossover
-    chosen = out["ours_decode" if T <= crossover else "ours_grouped"][0]
+    decode = "ours_decode"
+    if shared_rides_along(cfg):  # moe's decode path runs the shared MLP inside the kernels
+        shared = (w.shared_gate_up_2SH, w.shared_down_HS)
+        out["ours_decode_shared"] = (lambda: moe_decode(*args, shared=shared),
+                                     None if T <= 256 else "decode path: T ≤ 256")
+        decode = "ours_decode_shared"
+    out["ours_grouped"][0].chosen, out["ours_decode"][0].chosen = T > crossover, False
+    out[decode][0].chosen = T <= crossover
+    chosen = out[decode if T <= crossover else "ours_grouped"][0]
     out["ours_no_pdl"] = (_plain_launches(chosen), None)
     out["ours_persistent"] = (with_shared(lambda: moe_experts_persistent(*args)),
                               None if T >= 256 else "persistent schedule: timed from 256 tokens")
