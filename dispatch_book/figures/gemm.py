@@ -194,11 +194,3 @@ def target_summary(checks: list[dict]) -> list[dict]:
         out.append({"target": name, "met": f"{sum(c['met'] for c in sel)} of {len(sel)}",
                     "missed at": ", ".join(missed) or "–"})
     return out
-
-
-def ours_row(rows: list[dict], shape: str, T: int, decode_max_tokens: int) -> dict | None:
-    """The recorded row of the experts path that ``moe()`` takes at this size: the decode kernels
-    up to ``decode_max_tokens`` tokens, the grouped GEMM above."""
-    want = "ours_decode" if T <= decode_max_tokens else "ours_grouped"
-    by = {r["contestant"]: r for r in rows if r["shape"] == shape and r["tokens"] == T and "median_ms" in r}
-    return by.get(want) or by.get("ours_grouped")
