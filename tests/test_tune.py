@@ -58,6 +58,30 @@ def test_search_loop_on_the_interpreter(tmp_path, small_space):
     assert tiles.tuned(back, 1, "decode") == d
 
 
+def test_shared_expert_decode_tiles_get_their_own_entry(small_space, monkeypatch):
+    """A layer whose shared expert rides along (S = 2I, ungated) also gets decode tiles tuned with it
+    inside the kernels, under the key the launcher reads for them: E + 2 experts, K + 2 choices."""
+    from dispatch.config import PRESETS, MoEConfig
+
+    monkeypatch.setitem(PRESETS, "tiny-shared", MoEConfig(64, 32, 8, 2, shared_intermediate_size=64,
+                                                          family="deepseek_moe"))
+    cpu, logs = torch.device("cpu"), []
+    entries = tune_preset("tiny-shared", (2, 8), cpu, torch.float32, timer=fake_us, log=logs.append)
+    routed, shared = tables.shape_key(8, 64, 32, 2, torch.float32), tables.shape_key(10, 64, 32, 4, torch.float32)
+    assert set(entries) == {routed, shared}
+    assert set(entries[shared]["buckets"]) == {"2", "8"}
+    assert entries[shared]["crossover"] == entries[routed]["crossover"]
+    d = DecodeConfig(**entries[shared]["buckets"]["2"]["decode"])
+    assert (d.block_i, d.block_ho) == (16, 16)  # the fake price's optimum, as for the routed tiles
+    assert any("decode+shared" in s for s in logs)
+    assert tiles.tuned(entries[shared], 2, "decode") == d  # what decode_config(T, K + 2, E + 2, ...) reads
+    from dispatch.tune.compile import _compile_job  # its kernel variants are compiled ahead too
+
+    jobs = [j for j in compile_jobs(["tiny-shared"], (2,), cpu) if j[2] == "decode_shared"]
+    assert len(jobs) == 1 and jobs[0][3]
+    assert _compile_job(("tiny-shared", 2, "decode_shared", [tiles.INTERPRET_DECODE])) == []
+
+
 def test_quant_search_on_the_interpreter(small_space, monkeypatch):
     """--quant: one entry per scheme, decode buckets up to QUANT_MAX_T, every config fitting the
     scale blocks, the cheapest by the fake price; the launcher then reads it for that scheme."""

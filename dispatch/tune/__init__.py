@@ -27,6 +27,9 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   For fp8 schemes on sm_89+ also the w8a8 grouped GEMM (T ≥ 128): up and down tiles around the
   launcher's default, then the whole path against the default; entries 'bfloat16+<scheme>+w8a8'.
   No crossover of their own.
+* **Shared expert riding along** (layers where ``moe.shared_rides_along``: DeepSeek-MoE): the decode
+  tiles again, with the shared MLP inside the kernels as n = S / I more experts; entry keyed by
+  E + n experts and K + n choices, which is what the launcher looks up for it.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
   the decode path serves T ≤ the last bucket before the grouped path first wins.
 

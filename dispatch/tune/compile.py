@@ -47,6 +47,11 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
                 base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
                 up, down, _ = search.decode_steps(base, 1)
                 jobs.append((name, T, "decode", up(base) + down(base)))
+                if search.shared_rides_along(cfg):  # NS = S / I more experts: its own kernel variants
+                    n = cfg.shared_intermediate_size // cfg.I
+                    base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
+                    up, down, _ = search.decode_steps(base, 1)
+                    jobs.append((name, T, "decode_shared", up(base) + down(base)))
             for bm in search.block_ms(T, cfg.K, cfg.E) if T >= search.GROUPED_MIN_T else ():
                 for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them
                     key = (kind, bm, cfg.K if kind == "up" else 0)  # N = 16·K specialises like any T ≥ 8
@@ -66,9 +71,11 @@ def _compile_job(job) -> list[str]:
     dtype = runtime.compute_dtype(dev)
     if name not in _CASES:  # one preset's weights at a time (jobs come preset by preset)
         _CASES.clear()
-        c = PRESETS[name]
+        c, S = PRESETS[name], PRESETS[name].shared_intermediate_size
         _CASES[name] = type("W", (), dict(gate_up_E2IH=torch.zeros(c.E, 2 * c.I, c.H, device=dev, dtype=dtype),
-                                          down_EHI=torch.zeros(c.E, c.H, c.I, device=dev, dtype=dtype)))()
+                                          down_EHI=torch.zeros(c.E, c.H, c.I, device=dev, dtype=dtype),
+                                          shared_gate_up_2SH=torch.zeros(2 * S, c.H, device=dev, dtype=dtype),
+                                          shared_down_HS=torch.zeros(c.H, S, device=dev, dtype=dtype)))()
     cfg, w, x_TH, weights_TK, ids_TK = search.make_case(name, T, dev, dtype, _CASES[name])
     failed = []
     kind, _, scheme = kind.partition(":")
@@ -84,8 +91,9 @@ def _compile_job(job) -> list[str]:
                 else:
                     h_PI = x_TH.new_zeros(routes.sorted_rows_P.numel(), cfg.I)
                     gg.grouped_down(h_PI, routes, qe.down, weights_TK, config=c, w8a8=True)
-            elif kind == "decode":
-                moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, config=c)
+            elif kind in ("decode", "decode_shared"):
+                shared = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
+                moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared, config=c)
             else:
                 routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
                 up = c if kind == "up" else tiles.heuristic_gemm("up", c.block_m, dev)

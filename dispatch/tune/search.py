@@ -13,7 +13,8 @@ from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
-from dispatch.reference import experts_reference, rel_err, route_reference
+from dispatch.moe import shared_rides_along
+from dispatch.reference import experts_reference, rel_err, route_reference, shared_reference
 
 BENCH_PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 DECODE_MAX_T, GROUPED_MIN_T = 256, 8
@@ -185,6 +186,20 @@ def tune_decode(name, T, case, dev, timer, log) -> dict:
     return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
 
 
+def tune_shared_decode(name, T, case, dev, timer, log) -> dict:
+    """The decode tiles with the layer's shared expert riding along (``moe.shared_rides_along``: n = S / I
+    more experts every token chooses): the launcher looks them up as K + n choices among E + n experts."""
+    cfg, w, x_TH, weights_TK, ids_TK = case
+    n = cfg.shared_intermediate_size // cfg.I
+    args, shared = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI), (w.shared_gate_up_2SH, w.shared_down_HS)
+    ref = experts_reference(x_TH, weights_TK.to(x_TH.dtype), *args[2:]) + shared_reference(x_TH, cfg, w)
+    base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
+    best, best_us, heuristic_us = _descend(base, decode_steps, lambda c: moe_decode(*args, shared=shared, config=c),
+                                           ref, f"{name} T={T} +shared", dev, timer, log)
+    log(f"{name} T={T:5d} decode+shared {best_us:9.1f} us (heuristic {heuristic_us:9.1f}) {tiles.as_dict(best)}")
+    return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
+
+
 def crossover(buckets: dict) -> int:
     """The last bucket before the grouped path first beats decode (decode only where it was tuned)."""
     last = 0
@@ -203,19 +218,26 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
         from dispatch.tune.quant_search import tune_quant  # it builds on this module's search
 
         return tune_quant(name, tokens, dev, dtype, schemes, timer, log)
-    w, buckets = None, {}
+    w, buckets, shared = None, {}, {}
+    cfg = PRESETS[name]
     for T in tokens:
         case = make_case(name, T, dev, dtype, w)
         w = case[1]
         b = {}
         if T <= DECODE_MAX_T:
             b.update(tune_decode(name, T, case, dev, timer, log))
+            if shared_rides_along(cfg):
+                shared[str(T)] = tune_shared_decode(name, T, case, dev, timer, log)
         if T >= GROUPED_MIN_T:
             b.update(tune_grouped(name, T, case, dev, timer, log))
         buckets[str(T)] = b
         del case
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    cfg, cross = PRESETS[name], crossover(buckets)
+    cross = crossover(buckets)
     log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
-    return {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
+    out = {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
+    if shared:  # the layer's decode with its shared expert inside: the key the launcher reads (E + n, K + n)
+        n = cfg.shared_intermediate_size // cfg.I
+        out[tables.shape_key(cfg.E + n, cfg.H, cfg.I, cfg.K + n, dtype)] = {"crossover": cross, "buckets": shared}
+    return out
