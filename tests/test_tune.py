@@ -70,7 +70,7 @@ def test_shared_expert_decode_tiles_get_their_own_entry(small_space, monkeypatch
     routed, shared = tables.shape_key(8, 64, 32, 2, torch.float32), tables.shape_key(10, 64, 32, 4, torch.float32)
     assert set(entries) == {routed, shared}
     assert set(entries[shared]["buckets"]) == {"2", "8"}
-    assert entries[shared]["crossover"] == entries[routed]["crossover"]
+    assert "crossover" not in entries[shared]  # moe() reads the layer's own (routed) crossover
     d = DecodeConfig(**entries[shared]["buckets"]["2"]["decode"])
     assert (d.block_i, d.block_ho) == (16, 16)  # the fake price's optimum, as for the routed tiles
     assert any("decode+shared" in s for s in logs)
@@ -156,6 +156,22 @@ def test_w8a8_spaces_fit_and_hold_the_default(monkeypatch):
             assert all(tiles.fits_registers(c, n_b * (1 if late else 2)) for c in space)
             assert all(tiles.shared_bytes(c, n_b, elt=1) <= 227 * 1024 - tiles.HEADROOM for c in space)
             assert late or all(c.block_k == 128 for c in space)
+
+
+def test_a_partial_run_merges_into_the_entry_bucket_by_bucket():
+    """Tuning a few buckets replaces those and keeps the others; the crossover is recomputed over all."""
+    from dispatch.tune.search import merge_entry
+
+    old = {"crossover": 4, "buckets": {"1": {"decode_us": 10.0}, "8": {"decode_us": 30.0, "grouped_us": 40.0},
+                                       "4096": {"up": {"block_m": 128}, "grouped_us": 900.0}}}
+    new = {"crossover": 1, "buckets": {"8": {"decode_us": 50.0, "grouped_us": 40.0}}}
+    m = merge_entry(old, new)
+    assert set(m["buckets"]) == {"1", "8", "4096"} and m["buckets"]["8"] == new["buckets"]["8"]
+    assert m["buckets"]["4096"] == old["buckets"]["4096"] and m["crossover"] == 1  # grouped now wins at 8
+    assert old["buckets"]["8"]["decode_us"] == 30.0  # the table's entry is not changed in place
+    assert merge_entry(None, new) is new
+    q = merge_entry({"buckets": {"1": {"decode_us": 5.0}}}, {"buckets": {"2": {"decode_us": 6.0}}})
+    assert set(q["buckets"]) == {"1", "2"} and "crossover" not in q  # quantized / shared entries: none
 
 
 def test_crossover_rule():

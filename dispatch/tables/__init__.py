@@ -1,6 +1,7 @@
 """Per-device tuned tile tables: package data ``dispatch/tables/<device-slug>.json``, read once.
 
-Written by ``python -m dispatch.tune`` on the device it names; read by :mod:`dispatch.kernels.tiles`.
+Written by ``python -m dispatch.tune`` on the device it names (a run merges into the file bucket by
+bucket); read by :mod:`dispatch.kernels.tiles`.
 One file per device; inside, one entry per layer shape and dtype::
 
     {"device": "NVIDIA H200", "date": ..., "versions": {...},
@@ -12,6 +13,8 @@ One file per device; inside, one entry per layer shape and dtype::
 Token counts T are looked up in the nearest tuned bucket (log2 distance, ties to the larger).
 Quantized experts (``--quant``) have entries of their own: dtype 'bfloat16+<scheme>' (decode buckets)
 and 'bfloat16+<scheme>+w8a8' (the w8a8 grouped GEMM's up/down, read only within 2× of a bucket).
+A layer whose shared expert rides along in the decode kernels has a decode-only entry keyed by E + n
+experts and K + n choices (n = S / I), next to its own.
 """
 from __future__ import annotations
 

@@ -49,14 +49,15 @@ import triton
 from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
-from dispatch.tune.search import BENCH_PRESETS, tune_preset
+from dispatch.tune.search import BENCH_PRESETS, merge_entry, tune_preset
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch.tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", required=True, help=f"a PRESETS name, or 'all' = {','.join(BENCH_PRESETS)}")
     p.add_argument("--tokens", default=",".join(map(str, tables.BUCKETS)), help="comma-separated buckets")
-    p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into")
+    p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into, "
+                   "bucket by bucket")
     p.add_argument("--quant", default="", help="instead: experts quantized in these schemes (comma-separated, "
                    "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64, fp8's w8a8 grouped tiles for T ≥ 128")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
@@ -90,8 +91,9 @@ def main(argv=None) -> None:
     doc = tables.load_file(out) or {"entries": {}}
     with torch.no_grad():
         for preset in presets:
-            doc["entries"].update(tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
-                                              schemes=schemes))
+            for key, e in tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
+                                      schemes=schemes).items():
+                doc["entries"][key] = merge_entry(doc["entries"].get(key), e)  # other buckets stay
             doc.update(device=name, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        versions={"torch": torch.__version__, "triton": triton.__version__})
             tables.write(out, doc)  # after every preset: a run cut short keeps what it tuned

@@ -237,7 +237,19 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
     cross = crossover(buckets)
     log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
     out = {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
-    if shared:  # the layer's decode with its shared expert inside: the key the launcher reads (E + n, K + n)
-        n = cfg.shared_intermediate_size // cfg.I
-        out[tables.shape_key(cfg.E + n, cfg.H, cfg.I, cfg.K + n, dtype)] = {"crossover": cross, "buckets": shared}
+    if shared:  # the layer's decode with its shared expert inside: the key the launcher reads (E + n, K + n);
+        n = cfg.shared_intermediate_size // cfg.I  # no crossover of its own (moe() reads the layer's)
+        out[tables.shape_key(cfg.E + n, cfg.H, cfg.I, cfg.K + n, dtype)] = {"buckets": shared}
     return out
+
+
+def merge_entry(old: dict | None, new: dict) -> dict:
+    """A shape's tuned entry merged into the table's: buckets tuned now replace theirs, the others
+    stay (tuning ``--tokens 1,8`` keeps the grouped tiles of 4096), and a crossover is recomputed
+    over the merged buckets."""
+    if not old:
+        return new
+    merged = {**old, **new, "buckets": {**old.get("buckets", {}), **new["buckets"]}}
+    if "crossover" in new:
+        merged["crossover"] = crossover(merged["buckets"])
+    return merged
