@@ -77,11 +77,12 @@ def kernel_router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> t
     return router_logits(x_TH, cfg, w)
 
 
-def shared_rides_along(cfg: MoEConfig) -> bool:
-    """Whether the decode path runs the layer's shared expert inside its kernels, as S / I more experts
-    every token chooses with weight 1: an ungated shared expert whose S is a multiple of I."""
+def shared_rides_along(cfg: MoEConfig) -> int:
+    """How many experts the layer's shared expert becomes inside the decode kernels: n = S / I, chosen
+    by every token with weight 1, for an ungated shared expert whose S is a multiple of I; else 0 (it
+    runs in torch). The decode tiles for it are looked up, and tuned, as K + n choices among E + n."""
     S = cfg.shared_intermediate_size
-    return bool(S) and S % cfg.I == 0 and not cfg.shared_gate
+    return S // cfg.I if S and S % cfg.I == 0 and not cfg.shared_gate else 0
 
 
 def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, check_ids: bool) -> torch.Tensor:

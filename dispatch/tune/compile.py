@@ -20,6 +20,7 @@ from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
 from dispatch.kernels.quant_grouped import default_quant_config
 from dispatch.kernels.sort import sort_by_expert
+from dispatch.moe import shared_rides_along
 from dispatch.tune import quant_search as qs
 from dispatch.tune import search
 
@@ -47,8 +48,8 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
                 base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
                 up, down, _ = search.decode_steps(base, 1)
                 jobs.append((name, T, "decode", up(base) + down(base)))
-                if search.shared_rides_along(cfg):  # NS = S / I more experts: its own kernel variants
-                    n = cfg.shared_intermediate_size // cfg.I
+                n = shared_rides_along(cfg)  # NS = S / I more experts: its own kernel variants
+                if n:
                     base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
                     up, down, _ = search.decode_steps(base, 1)
                     jobs.append((name, T, "decode_shared", up(base) + down(base)))

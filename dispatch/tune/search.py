@@ -190,7 +190,7 @@ def tune_shared_decode(name, T, case, dev, timer, log) -> dict:
     """The decode tiles with the layer's shared expert riding along (``moe.shared_rides_along``: n = S / I
     more experts every token chooses): the launcher looks them up as K + n choices among E + n experts."""
     cfg, w, x_TH, weights_TK, ids_TK = case
-    n = cfg.shared_intermediate_size // cfg.I
+    n = shared_rides_along(cfg)
     args, shared = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI), (w.shared_gate_up_2SH, w.shared_down_HS)
     ref = experts_reference(x_TH, weights_TK.to(x_TH.dtype), *args[2:]) + shared_reference(x_TH, cfg, w)
     base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
@@ -220,13 +220,14 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
         return tune_quant(name, tokens, dev, dtype, schemes, timer, log)
     w, buckets, shared = None, {}, {}
     cfg = PRESETS[name]
+    n = shared_rides_along(cfg)
     for T in tokens:
         case = make_case(name, T, dev, dtype, w)
         w = case[1]
         b = {}
         if T <= DECODE_MAX_T:
             b.update(tune_decode(name, T, case, dev, timer, log))
-            if shared_rides_along(cfg):
+            if n:
                 shared[str(T)] = tune_shared_decode(name, T, case, dev, timer, log)
         if T >= GROUPED_MIN_T:
             b.update(tune_grouped(name, T, case, dev, timer, log))
@@ -237,8 +238,8 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
     cross = crossover(buckets)
     log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
     out = {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
-    if shared:  # the layer's decode with its shared expert inside: the key the launcher reads (E + n, K + n);
-        n = cfg.shared_intermediate_size // cfg.I  # no crossover of its own (moe() reads the layer's)
+    if shared:  # the layer's decode with its shared expert inside, at the key the launcher reads (E + n, K + n);
+        # no crossover of its own (moe() reads the layer's)
         out[tables.shape_key(cfg.E + n, cfg.H, cfg.I, cfg.K + n, dtype)] = {"buckets": shared}
     return out
 
