@@ -35,6 +35,8 @@ def _signature(fn, const: dict, ptrs: dict | None = None) -> dict:
     def typed(n):
         if n in const:
             return "constexpr"
+        if n in ptrs:
+            return ptrs[n]
         if n.endswith("_ptr"):
             return ptrs.get(n) or ("*fp32" if n in FP32_PTRS else "*i32" if n in INT32_PTRS else "*bf16")
         return "fp32" if n in FP32_ARGS else "i32"
@@ -62,6 +64,7 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
                        options={"num_warps": num_warps, "num_stages": num_stages})
     ttgir, ptx = c.asm["ttgir"], c.asm["ptx"]
     return {"async_copies": ttgir.count("async_copy_global_to_local") + ttgir.count("async_tma_copy"),
+            "tma_copies": ttgir.count("async_tma_copy"),
             "mma": len(re.findall(r"warp_group_dot |tt\.dot |ttng\.tc_gen5_mma", ttgir)),
             "mma_waits_pending": [int(p) for p in re.findall(r"pendings = (\d+)", ttgir)],
             "shared_bytes": int(c.metadata.shared),
@@ -76,9 +79,10 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
 
 def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale: bool = False,
             weight_first: bool = False, block_m: int = 128, block_n: int = 128, block_k: int = 64,
-            group_m: int = 8, **opts) -> dict:
+            group_m: int = 8, tma: bool = False, **opts) -> dict:
     """The grouped GEMM's up (``kind="up"``) or down kernel as the launcher compiles it, with bf16
-    activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales)."""
+    activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales); ``tma``: bf16
+    weight tiles (and down's h tiles) by TMA descriptors, as on Hopper (:mod:`dispatch.kernels.tma`)."""
     os.environ.setdefault("TRITON_INTERPRET", "0")
     from dispatch.kernels import grouped_kernels as gk
 
@@ -87,9 +91,11 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     quant = weights != "bf16"
     const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=False,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
-                 WFIRST=quant and not w8a8 and not late_scale and weight_first)
+                 WFIRST=quant and not w8a8 and not late_scale and weight_first, TMA=tma)
     const.update((n, 1) for n in fn.arg_names if n in UNIT_STRIDES)
     ptrs = {"w_ptr": {"bf16": "*bf16", "int8": "*i8", "fp8": "*fp8e4nv"}[weights], "s_ptr": "*fp32", "as_ptr": "*fp32"}
+    if tma:  # descriptors of the [BLOCK_N, BLOCK_K] weight boxes and the [BLOCK_M, BLOCK_K] h boxes
+        ptrs.update(w_desc=f"tensordesc<bf16[{block_n},{block_k}]>", h_desc=f"tensordesc<bf16[{block_m},{block_k}]>")
     if w8a8:  # fp8 activation codes
         ptrs["x_ptr" if kind == "up" else "h_ptr"] = "*fp8e4nv"
     sig = _signature(fn, const, ptrs)
@@ -129,7 +135,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
 
     dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, NS=0)
     gemm = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, GROUP_M=8, SBR=1, SBC=1, QUANT=False,
-                W8A8=False, LATE_SCALE=False, WFIRST=False)
+                W8A8=False, LATE_SCALE=False, WFIRST=False, TMA=False)
     return [
         ("dense_gemv M=1", dense_gemv._dense_gemv_kernel,
          dict(HAS_BIAS=False, DOT=False, PRECISION="tf32", BLOCK_N=4, BLOCK_K=2048, NUM_STAGES=1)),
@@ -197,11 +203,12 @@ def main(argv=None) -> None:
             what = (f"fp8 × fp8, scale per {'row' if late else '128'}" if w8a8 else weights if weights == "bf16"
                     else f"{weights}, scale per {'row' if late else '128'}{', w first' if first else ''}")
             rows.append({"kernel": kind, "weights": what, **s})
-            if a.json:
-                continue
-            print(f"{kind:4s} {what:28s} async copies {s['async_copies']:2d}  mma {s['mma']}  "
-                  f"wait pendings {s['mma_waits_pending']}  shared {s['shared_bytes'] // 1024} KiB  "
-                  f"spills {'yes' if s['spills'] else 'no'}")
+        if a.target >= 90:  # Hopper's tensor memory accelerator (dispatch.kernels.tma)
+            rows.append({"kernel": kind, "weights": "bf16, TMA", **grouped(kind, tma=True, **opts)})
+    for s in rows if not a.json else ():
+        print(f"{s['kernel']:4s} {s['weights']:28s} async copies {s['async_copies']:2d}  mma {s['mma']}  "
+              f"wait pendings {s['mma_waits_pending']}  shared {s['shared_bytes'] // 1024} KiB  "
+              f"spills {'yes' if s['spills'] else 'no'}")
     if a.json:
         print(json.dumps(rows))
 

@@ -19,7 +19,8 @@ def test_every_contestant_matches_the_reference(name, T):
     x_TH = torch.randn(T, cfg.H, generator=torch.Generator().manual_seed(5))
     weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg)
     out = contestants(cfg, w, x_TH, weights_TK, ids_TK, torch.device("cpu"))
-    assert {"hf_eager", "hf_grouped_mm", "ours_grouped", "ours_decode", "ours_no_pdl", "ours_layer"} <= set(out)
+    assert {"hf_eager", "hf_grouped_mm", "ours_grouped", "ours_decode", "ours_no_pdl", "ours_no_tma",
+            "ours_layer"} <= set(out)
     fused = out.get("ours_decode_shared", (None, "no shared expert"))
     assert (fused[1] is None) == (name == "shared_2I"), fused  # S = 2I: two whole experts, S = 48: none
     want = moe_reference(x_TH, cfg, w)

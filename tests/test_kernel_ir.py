@@ -19,9 +19,10 @@ def rows():
     return {(r["kernel"], r["weights"]): r for r in json.loads(out.stdout.strip().splitlines()[-1])}
 
 
+@pytest.mark.parametrize("weights", ["bf16", "bf16, TMA"])
 @pytest.mark.parametrize("kind", ["up", "down"])
-def test_bf16_loop_is_pipelined_on_sm90(rows, kind):
-    s = rows[kind, "bf16"]
+def test_bf16_loop_is_pipelined_on_sm90(rows, kind, weights):
+    s = rows[kind, weights]
     assert s["async_copies"] > 0, s
     assert max(s["mma_waits_pending"]) >= 1, s  # an MMA stays in flight across iterations
     assert 0 < s["shared_bytes"] <= 227 * 1024 and not s["spills"], s
@@ -29,10 +30,22 @@ def test_bf16_loop_is_pipelined_on_sm90(rows, kind):
 
 def test_every_weight_format_compiles_for_sm90(rows):
     """bf16, int8 and fp8 codes (weight-only and w8a8): loads pipelined, no spills, within shared memory."""
-    assert len(rows) == 14
+    assert len(rows) == 16
     for s in rows.values():
         assert s["async_copies"] > 0 and s["mma"] >= 1 and not s["spills"], s
         assert s["shared_bytes"] <= 227 * 1024, s
+
+
+@pytest.mark.parametrize("kind", ["up", "down"])
+def test_tma_loads_the_weight_tiles(rows, kind):
+    """Up: of the three tiles a K step loads, its two weight boxes by TMA (x rows stay gathered by
+    cp.async); down: both of its tiles. Pipelined as the pointer loads are (same copy count, same
+    MMAs); without TMA, no descriptor copy at all."""
+    t, p = rows[kind, "bf16, TMA"], rows[kind, "bf16"]
+    assert t["tma_copies"] == t["async_copies"] * (2 if kind == "up" else 3) // 3 > 0, t
+    same = ("async_copies", "mma", "mma_waits_pending")
+    assert [t[k] for k in same] == [p[k] for k in same]
+    assert p["tma_copies"] == 0
 
 
 @pytest.mark.parametrize("kind", ["up", "down"])

@@ -19,7 +19,7 @@ import torch
 import triton
 from torch.library import custom_op
 
-from dispatch.kernels import pdl, tiles
+from dispatch.kernels import pdl, tiles, tma
 from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.grouped_kernels import _down_kernel, _down_tile, _swizzle, _up_swiglu_kernel, _up_tile  # noqa: F401
@@ -37,12 +37,20 @@ _up_pinned = triton.heuristics(_even_k("H"))(_up_swiglu_kernel)
 _down_pinned = triton.heuristics(_even_k("I"))(_down_kernel)
 
 
-def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, shape, **const):
-    """Launch with ``config``, else the tile policy's choice for ``shape`` = (T, K, E, H, I, dtype, device)."""
+def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, shape, views, **const):
+    """Launch with ``config``, else the tile policy's choice for ``shape`` = (T, K, E, H, I, dtype, device).
+
+    ``views``: the 2-D tensors the kernel may read by TMA, {argument name: (tensor, 'm' or 'n': box rows)};
+    passed as descriptors (``TMA=True``) where :func:`dispatch.kernels.tma.descriptors` allows, else as
+    plain tensors the kernel ignores."""
     config = config or tiles.gemm_config(kind, block_m, *shape)
     meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
-    kernel[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const, GROUP_M=config.group_m,
-                          num_warps=config.num_warps, num_stages=config.num_stages,
+    descs = None if const["QUANT"] else tma.descriptors(views.values(), block_m, config.block_n, config.block_k,
+                                                        shape[6])
+    use = descs is not None
+    descs = dict(zip(views, descs if use else [args[1]] * len(views), strict=True))  # else: never read
+    kernel[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const, **descs, GROUP_M=config.group_m,
+                          TMA=use, num_warps=config.num_warps, num_stages=config.num_stages,
                           **pdl.launch_kw(shape[6], late=True))  # several waves: release at the end
 
 
@@ -103,8 +111,8 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
     args = (a, w, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
             *a.stride(), *w.stride(), *h_PI.stride(), s, *s_strides, a_s, s_as)
     _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
-            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), TOP_K=top_k, **quant, W8A8=w8a8,
-            WFIRST=weight_first(quant, w8a8))
+            (T, top_k, E, H, I, x_TH.dtype, x_TH.device), {"w_desc": (tma.rows_view(w), "n")}, TOP_K=top_k,
+            **quant, W8A8=w8a8, WFIRST=weight_first(quant, w8a8))
     return h_PI
 
 
@@ -139,7 +147,8 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
     args = (a, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
             *a.stride(), *w.stride(), *out_NH.stride(), s, *s_strides, a_s, s_as)
     _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,
-            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device), **quant, W8A8=w8a8,
+            (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device),
+            {"h_desc": (a, "m"), "w_desc": (tma.rows_view(w), "n")}, **quant, W8A8=w8a8,
             WFIRST=weight_first(quant, w8a8))
     return out_NH
 

@@ -2,7 +2,9 @@
 
 One program = one (block of BLOCK_M sorted rows, column tile). The weights are bf16/fp16/fp32, or
 8-bit codes with fp32 scales (``QUANT``, chapter 7): the constexpr switch of
-:mod:`dispatch.kernels.quant_kernels`; ``QUANT=False`` compiles to the plain ``tl.dot``.
+:mod:`dispatch.kernels.quant_kernels`; ``QUANT=False`` compiles to the plain ``tl.dot``. ``TMA``
+(Hopper, :mod:`dispatch.kernels.tma`): the weight tiles (and down's h tiles) come by descriptor
+loads (``w_desc``, ``h_desc``) instead of pointer loads; otherwise those arguments are unused.
 """
 import triton
 import triton.language as tl
@@ -15,7 +17,8 @@ from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qacc, _q
 def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi,
              TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              EVEN_K: tl.constexpr, s_ptr, s_se, s_sr, s_sc, SBR: tl.constexpr, SBC: tl.constexpr,
-             QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, as_ptr, s_as):
+             QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, as_ptr, s_as,
+             w_desc, TMA: tl.constexpr):
     """One output tile of the up kernel: block pid_b (expert e) × columns pid_n of h.
 
     ``QUANT``: w_ptr holds 8-bit codes, s_ptr their fp32 scales; ``W8A8``: x_ptr holds fp8 codes too,
@@ -30,17 +33,23 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
     a_ptrs = x_ptr + t[:, None] * s_xt + offs_k[None, :] * s_xh                      # [BM, BK]
     g_ptrs = w_ptr + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk      # [BK, BN]
     u_ptrs = g_ptrs + I * s_wn
+    n0 = (e * 2 * I + pid_n * BLOCK_N).to(tl.int32)  # TMA: the gate rows' first row in w as [E·2I, H]
     s_e = s_ptr + e * s_se  # this expert's scales (QUANT only)
     acc_g = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     acc_u = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=valid_m[:, None], other=0.0)
-            bg = tl.load(g_ptrs, mask=mask_n[None, :], other=0.0)
-            bu = tl.load(u_ptrs, mask=mask_n[None, :], other=0.0)
         else:
             mask_k = offs_k < H - k0 * BLOCK_K
             a = tl.load(a_ptrs, mask=valid_m[:, None] & mask_k[None, :], other=0.0)
+        if TMA:  # the copy engine brings both weight tiles (zeros past H)
+            bg = w_desc.load([n0, k0 * BLOCK_K]).T
+            bu = w_desc.load([n0 + I, k0 * BLOCK_K]).T
+        elif EVEN_K:
+            bg = tl.load(g_ptrs, mask=mask_n[None, :], other=0.0)
+            bu = tl.load(u_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
             bg = tl.load(g_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
             bu = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         sg = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, s_sr, s_sc, SBR, SBC, QUANT)
@@ -84,14 +93,14 @@ def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET
                       TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
-                      LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr):
+                      LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr, w_desc, TMA: tl.constexpr):
     pdl_enter(PDL)  # chapter 6: wait for the sort
     pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:  # blocks past the used ones do nothing
         _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                  s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                 s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as)
+                 s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as, w_desc, TMA)
     pdl_exit(PDL)
 
 
@@ -99,7 +108,8 @@ def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET
 def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi, s_we, s_wn, s_wk,
                s_on, s_oh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                EVEN_K: tl.constexpr, s_ptr, s_se, s_sr, s_sc, SBR: tl.constexpr, SBC: tl.constexpr,
-               QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, as_ptr, s_as):
+               QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, as_ptr, s_as,
+               h_desc, w_desc, TMA: tl.constexpr):
     """One output tile of the down kernel: block pid_b (expert e) × columns pid_n of out (``QUANT``,
     ``W8A8`` as in the up kernel; as_ptr: the scales of h's slots)."""
     offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -110,10 +120,14 @@ def _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, 
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_k[None, :] * s_hi    # [BM, BK], slot order
     b_ptrs = w_ptr + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk      # [BK, BN]
+    m0, n0 = pid_b * BLOCK_M, (e * H + pid_n * BLOCK_N).to(tl.int32)  # TMA: h as [P, I], w as [E·H, I]
     s_e = s_ptr + e * s_se
     acc = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     for k0 in range(0, tl.cdiv(I, BLOCK_K)):
-        if EVEN_K:
+        if TMA:  # both tiles by the copy engine (zeros past I)
+            a = h_desc.load([m0, k0 * BLOCK_K])
+            b = w_desc.load([n0, k0 * BLOCK_K]).T
+        elif EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
         else:
@@ -140,12 +154,14 @@ def _down_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, N, H, I, N_
                  s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh, s_ptr, s_se, s_sr, s_sc, as_ptr, s_as,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  GROUP_M: tl.constexpr, SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr,
-                 W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr):
+                 W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr,
+                 h_desc, w_desc, TMA: tl.constexpr):
     pdl_enter(PDL)
     pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:
         _down_tile(pid_b, pid_n, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
                    s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                   s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as)
+                   s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as,
+                   h_desc, w_desc, TMA)
     pdl_exit(PDL)

@@ -34,7 +34,7 @@ def _up_persistent_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, nblocks_ptr, 
         e = tl.load(bexp_ptr + pid_b).to(tl.int64)
         gg._up_tile(pid_b, tile // nb, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                     s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                    w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0)
+                    w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0, w_ptr, False)
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _down_persistent_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, 
         e = tl.load(bexp_ptr + pid_b).to(tl.int64)
         gg._down_tile(pid_b, tile // nb, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
                       s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                      w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0)
+                      w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0, h_ptr, w_ptr, False)
 
 
 def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None,

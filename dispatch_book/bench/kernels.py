@@ -14,7 +14,9 @@ runs on the decode path there) where ``ours_decode`` adds the shared expert in t
 routed experts, plus the shared expert where there is one), one contiguous buffer
 (``peaks.same_bytes_read``), timed in the same rounds — what streaming alone costs at that size;
 ``ours_no_pdl`` the path ``moe`` picks with plain launches (no programmatic dependent launch, chapter 6:
-what PDL is worth at each size, measured in the same run); ``peer_fused_moe`` a vLLM-design fused-MoE
+what PDL is worth at each size, measured in the same run); ``ours_no_tma`` (above the crossover) the
+grouped path with pointer loads where it would use TMA (``dispatch.kernels.tma``: what TMA is worth);
+``peer_fused_moe`` a vLLM-design fused-MoE
 kernel (``peers``), best of its configs per size, its alignment step excluded. Ours and the peer are
 timed under CUDA-graph replay (median of 7 replays of 30 calls), in 3 rounds taken in turn
 (``graph_rounds``), with the host time of one eager call recorded apart (``host_us``);
@@ -32,7 +34,7 @@ import torch
 from dispatch import runtime
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import grouped_gemm as gg
-from dispatch.kernels import pdl, tiles
+from dispatch.kernels import pdl, tiles, tma
 from dispatch.reference import experts_reference, route_reference, shared_reference
 from dispatch_book import bench
 from dispatch_book.bench import hf_baselines as hf
@@ -82,6 +84,14 @@ def _plain_launches(fn):
     return run
 
 
+def _pointer_loads(fn):
+    """fn with TMA off: the grouped GEMM's tiles by pointer loads everywhere."""
+    def run():
+        with tma.disabled():
+            return fn()
+    return run
+
+
 def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     """name -> (fn, reason it is skipped or None). Every fn returns y_TH (shared expert included)."""
     def with_shared(fn):
@@ -117,6 +127,8 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     out[decode][0].chosen = T <= crossover
     chosen = out[decode if T <= crossover else "ours_grouped"][0]
     out["ours_no_pdl"] = (_plain_launches(chosen), None)
+    out["ours_no_tma"] = (_pointer_loads(out["ours_grouped"][0]),
+                          None if T > crossover else "TMA: the grouped path, timed above the decode crossover")
     out["ours_persistent"] = (with_shared(lambda: moe_experts_persistent(*args)),
                               None if T >= 256 else "persistent schedule: timed from 256 tokens")
     if ref_TH is not None:
