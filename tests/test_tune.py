@@ -70,7 +70,10 @@ def test_shared_expert_decode_tiles_get_their_own_entry(small_space, monkeypatch
     routed, shared = tables.shape_key(8, 64, 32, 2, torch.float32), tables.shape_key(10, 64, 32, 4, torch.float32)
     assert set(entries) == {routed, shared}
     assert set(entries[shared]["buckets"]) == {"2", "8"}
-    assert "crossover" not in entries[shared]  # moe() reads the layer's own (routed) crossover
+    assert "crossover" not in entries[shared]  # moe() reads the layer's own crossover
+    for T in ("2", "8"):  # which the layer's buckets compute with the shared expert on both paths
+        b = entries[routed]["buckets"][T]
+        assert b["decode_shared_us"] == entries[shared]["buckets"][T]["decode_us"] and b["shared_us"] == 50.0
     d = DecodeConfig(**entries[shared]["buckets"]["2"]["decode"])
     assert (d.block_i, d.block_ho) == (16, 16)  # the fake price's optimum, as for the routed tiles
     assert any("decode+shared" in s for s in logs)
@@ -261,3 +264,17 @@ def test_search_never_keeps_a_slower_config(small_space, monkeypatch):
     g = search.tune_grouped("tiny", 32, case, cpu, grouped_us, log=lambda s: None)
     up = GemmConfig(**g["up"])
     assert up == tiles.heuristic_gemm("up", up.block_m, cpu) and g["grouped_us"] == g["grouped_heuristic_us"] == 40.0
+
+
+def test_crossover_counts_the_shared_expert_where_each_path_runs_it():
+    """Hand-computed: decode wins up to the last bucket before grouped first wins; where the shared
+    expert rides along, decode carries it inside (decode_shared_us) and grouped pays it in torch."""
+    b = {"1": {"decode_us": 10.0}, "8": {"decode_us": 30.0, "grouped_us": 29.0},
+         "16": {"decode_us": 40.0, "grouped_us": 30.0}}
+    assert crossover(b) == 1  # routed only: grouped wins at 8
+    b["8"].update(decode_shared_us=33.0, shared_us=5.0)  # 33 against 29 + 5: decode
+    b["16"].update(decode_shared_us=45.0, shared_us=5.0)  # 45 against 30 + 5: grouped
+    assert crossover(b) == 8
+    b["8"]["shared_us"] = 3.0  # 33 against 32: grouped
+    assert crossover(b) == 1
+    assert crossover({"8": {"grouped_us": 5.0}}) == 0  # no decode tuned: grouped from the start

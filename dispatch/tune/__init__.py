@@ -31,7 +31,9 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   tiles again, with the shared MLP inside the kernels as n = S / I more experts; entry keyed by
   E + n experts and K + n choices, which is what the launcher looks up for it.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
-  the decode path serves T ≤ the last bucket before the grouped path first wins.
+  the decode path serves T ≤ the last bucket before the grouped path first wins. With a shared
+  expert riding along, as ``moe()`` runs them: decode with it inside against the grouped path plus
+  the shared MLP in torch (the bucket's ``decode_shared_us`` and ``shared_us``).
 
 Every candidate is checked against the base config's output (itself checked against the plain-PyTorch
 reference) before it is timed. Compiling dominates a cold run, so every kernel variant is compiled

@@ -201,11 +201,18 @@ def tune_shared_decode(name, T, case, dev, timer, log) -> dict:
 
 
 def crossover(buckets: dict) -> int:
-    """The last bucket before the grouped path first beats decode (decode only where it was tuned)."""
+    """The last bucket before the grouped path first beats decode (decode only where it was tuned).
+
+    A layer whose shared expert rides along on the decode path compares the paths as ``moe()`` runs
+    them: decode with the shared expert inside (``decode_shared_us``) against the grouped path plus
+    the shared MLP in torch (``shared_us``)."""
     last = 0
     for T in sorted(buckets, key=int):
         b = buckets[T]
-        if "decode_us" not in b or ("grouped_us" in b and b["grouped_us"] < b["decode_us"]):
+        if "decode_us" not in b:
+            break
+        decode = b.get("decode_shared_us", b["decode_us"])
+        if "grouped_us" in b and b["grouped_us"] + b.get("shared_us", 0.0) < decode:
             break
         last = int(T)
     return last
@@ -227,8 +234,10 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
         b = {}
         if T <= DECODE_MAX_T:
             b.update(tune_decode(name, T, case, dev, timer, log))
-            if n:
+            if n:  # the crossover compares the paths with the shared expert where each runs it
                 shared[str(T)] = tune_shared_decode(name, T, case, dev, timer, log)
+                b["decode_shared_us"] = shared[str(T)]["decode_us"]
+                b["shared_us"] = timer(lambda c=case: shared_reference(c[2], c[0], c[1]), None)
         if T >= GROUPED_MIN_T:
             b.update(tune_grouped(name, T, case, dev, timer, log))
         buckets[str(T)] = b
@@ -239,7 +248,7 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
     log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
     out = {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
     if shared:  # the layer's decode with its shared expert inside, at the key the launcher reads (E + n, K + n);
-        # no crossover of its own (moe() reads the layer's)
+        # no crossover of its own (moe() reads the layer's, computed with it)
         out[tables.shape_key(cfg.E + n, cfg.H, cfg.I, cfg.K + n, dtype)] = {"buckets": shared}
     return out
 
