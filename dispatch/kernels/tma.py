@@ -1,11 +1,11 @@
 """The Tensor Memory Accelerator (TMA, Hopper and later): a tile copied by the hardware, not by threads.
 
 With pointer loads every thread of a program computes the addresses of its share of a
-[BLOCK_N, BLOCK_K] weight tile and issues its own copies (``cp.async``, 16 bytes each), masks
+[BLOCK_N, BLOCK_K] weight tile and starts its own copies (``cp.async``, 16 bytes each), masks
 included. A TMA load hands the copy engine a *descriptor* — the tensor's base, shape and strides
-and the tile (box) shape, encoded once on the host — plus the tile's coordinates; one thread issues
+and the tile (box) shape, encoded once on the host — plus the tile's coordinates; one thread starts
 it, the engine writes the tile into shared memory in the swizzled layout the tensor cores read, and
-fills zeros beyond the tensor's edge. The warps spend their issue slots on the MMAs instead.
+fills zeros beyond the tensor's edge. The warps spend their instruction slots on the MMAs instead.
 
 Measured on an H200 (graph-timed, the table's tiles, ``results/h200/kernels.json``, ``ours_no_tma``),
 the whole grouped path is 1–12% faster from 1024 tokens on (most at 16384); re-tuned for it, Mixtral's layer
