@@ -63,24 +63,23 @@ def enabled(device) -> bool:
 
 
 @contextlib.contextmanager
-def disabled():
-    """Launches inside use pointer loads everywhere (what TMA is worth, measured in one run)."""
-    before, _mode[0] = _mode[0], "off"
+def _in_mode(mode: str):
+    before, _mode[0] = _mode[0], mode
     try:
         yield
     finally:
         _mode[0] = before
 
 
-@contextlib.contextmanager
+def disabled():
+    """Launches inside use pointer loads everywhere (what TMA is worth, measured in one run)."""
+    return _in_mode("off")
+
+
 def forced():
     """Launches inside use TMA under the interpreter too, wherever the tile and tensors allow it (tests;
     a compiled launch still needs sm_90+)."""
-    before, _mode[0] = _mode[0], "on"
-    try:
-        yield
-    finally:
-        _mode[0] = before
+    return _in_mode("on")
 
 
 def rows_view(t) -> torch.Tensor | None:

@@ -44,15 +44,12 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
                     jobs.append((name, 16, f"{kind}:{scheme}", qs.quant_gemm_space(kind, base, dev, late) or [base]))
                 seen.add(key)
         for T in tokens if not schemes else ():
-            if T <= search.DECODE_MAX_T:
-                base = tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev)
+            n = shared_rides_along(cfg)  # NS = S / I more experts: kernel variants of their own
+            variants = [("decode", 0)] + ([("decode_shared", n)] if n else [])
+            for kind, ns in variants if T <= search.DECODE_MAX_T else ():
+                base = tiles.heuristic_decode(T, cfg.K + ns, cfg.E + ns, cfg.H, cfg.I, dev)
                 up, down, _ = search.decode_steps(base, 1)
-                jobs.append((name, T, "decode", up(base) + down(base)))
-                n = shared_rides_along(cfg)  # NS = S / I more experts: its own kernel variants
-                if n:
-                    base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
-                    up, down, _ = search.decode_steps(base, 1)
-                    jobs.append((name, T, "decode_shared", up(base) + down(base)))
+                jobs.append((name, T, kind, up(base) + down(base)))
             for bm in search.block_ms(T, cfg.K, cfg.E) if T >= search.GROUPED_MIN_T else ():
                 for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them
                     key = (kind, bm, cfg.K if kind == "up" else 0)  # N = 16·K specialises like any T ≥ 8

@@ -176,27 +176,21 @@ def _descend(base, steps, run, ref, what, dev, timer, log, fit=lambda c: c):
     return best, best_us, base_us
 
 
-def tune_decode(name, T, case, dev, timer, log) -> dict:
+def tune_decode(name, T, case, dev, timer, log, *, shared: bool = False) -> dict:
+    """The decode tiles; ``shared``: with the layer's shared expert riding along (``moe.shared_rides_along``:
+    n = S / I more experts every token chooses), which the launcher looks up as K + n choices among E + n."""
     cfg, w, x_TH, weights_TK, ids_TK = case
     args = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
     ref = experts_reference(x_TH, weights_TK.to(x_TH.dtype), *args[2:])
-    best, best_us, heuristic_us = _descend(tiles.heuristic_decode(T, cfg.K, cfg.E, cfg.H, cfg.I, dev), decode_steps,
-                                           lambda c: moe_decode(*args, config=c), ref, f"{name} T={T}", dev, timer, log)
-    log(f"{name} T={T:5d} decode  {best_us:9.1f} us (heuristic {heuristic_us:9.1f}) {tiles.as_dict(best)}")
-    return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
-
-
-def tune_shared_decode(name, T, case, dev, timer, log) -> dict:
-    """The decode tiles with the layer's shared expert riding along (``moe.shared_rides_along``: n = S / I
-    more experts every token chooses): the launcher looks them up as K + n choices among E + n experts."""
-    cfg, w, x_TH, weights_TK, ids_TK = case
-    n = shared_rides_along(cfg)
-    args, shared = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI), (w.shared_gate_up_2SH, w.shared_down_HS)
-    ref = experts_reference(x_TH, weights_TK.to(x_TH.dtype), *args[2:]) + shared_reference(x_TH, cfg, w)
+    n, kw = 0, {}
+    if shared:
+        n, kw = shared_rides_along(cfg), {"shared": (w.shared_gate_up_2SH, w.shared_down_HS)}
+        ref = ref + shared_reference(x_TH, cfg, w)
     base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
-    best, best_us, heuristic_us = _descend(base, decode_steps, lambda c: moe_decode(*args, shared=shared, config=c),
-                                           ref, f"{name} T={T} +shared", dev, timer, log)
-    log(f"{name} T={T:5d} decode+shared {best_us:9.1f} us (heuristic {heuristic_us:9.1f}) {tiles.as_dict(best)}")
+    best, best_us, heuristic_us = _descend(base, decode_steps, lambda c: moe_decode(*args, config=c, **kw), ref,
+                                           f"{name} T={T}{' +shared' if shared else ''}", dev, timer, log)
+    log(f"{name} T={T:5d} {'decode+shared' if shared else 'decode '} {best_us:9.1f} us "
+        f"(heuristic {heuristic_us:9.1f}) {tiles.as_dict(best)}")
     return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_heuristic_us": heuristic_us}
 
 
@@ -235,7 +229,7 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
         if T <= DECODE_MAX_T:
             b.update(tune_decode(name, T, case, dev, timer, log))
             if n:  # the crossover compares the paths with the shared expert where each runs it
-                shared[str(T)] = tune_shared_decode(name, T, case, dev, timer, log)
+                shared[str(T)] = tune_decode(name, T, case, dev, timer, log, shared=True)
                 b["decode_shared_us"] = shared[str(T)]["decode_us"]
                 b["shared_us"] = timer(lambda c=case: shared_reference(c[2], c[0], c[1]), None)
         if T >= GROUPED_MIN_T:

@@ -76,18 +76,11 @@ def peer(cfg, w, x_TH, weights_TK, ids_TK, ref_TH, dev):
     return best[1], best[2]
 
 
-def _plain_launches(fn):
-    """fn with PDL off: launched, and captured into a graph, without the launch attribute."""
+def _within(switch, fn):
+    """fn launched (and captured into a graph) inside ``switch()``: ``pdl.disabled`` (plain launches),
+    ``tma.disabled`` (the grouped GEMM's tiles by pointer loads)."""
     def run():
-        with pdl.disabled():
-            return fn()
-    return run
-
-
-def _pointer_loads(fn):
-    """fn with TMA off: the grouped GEMM's tiles by pointer loads everywhere."""
-    def run():
-        with tma.disabled():
+        with switch():
             return fn()
     return run
 
@@ -126,8 +119,8 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     out["ours_grouped"][0].chosen, out["ours_decode"][0].chosen = T > crossover, False
     out[decode][0].chosen = T <= crossover
     chosen = out[decode if T <= crossover else "ours_grouped"][0]
-    out["ours_no_pdl"] = (_plain_launches(chosen), None)
-    out["ours_no_tma"] = (_pointer_loads(out["ours_grouped"][0]),
+    out["ours_no_pdl"] = (_within(pdl.disabled, chosen), None)
+    out["ours_no_tma"] = (_within(tma.disabled, out["ours_grouped"][0]),
                           None if T > crossover else "TMA: the grouped path, timed above the decode crossover")
     out["ours_persistent"] = (with_shared(lambda: moe_experts_persistent(*args)),
                               None if T >= 256 else "persistent schedule: timed from 256 tokens")
