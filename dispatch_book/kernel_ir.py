@@ -81,7 +81,7 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
             weight_first: bool = False, block_m: int = 128, block_n: int = 128, block_k: int = 64,
             group_m: int = 8, tma: bool = False, **opts) -> dict:
     """The grouped GEMM's up (``kind="up"``) or down kernel as the launcher compiles it, with bf16
-    activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales); ``tma``: bf16
+    activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales); ``tma``: the
     weight tiles (and down's h tiles) by TMA descriptors, as on Hopper (:mod:`dispatch.kernels.tma`)."""
     os.environ.setdefault("TRITON_INTERPRET", "0")
     from dispatch.kernels import grouped_kernels as gk
@@ -93,9 +93,11 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
                  WFIRST=quant and not w8a8 and not late_scale and weight_first, TMA=tma)
     const.update((n, 1) for n in fn.arg_names if n in UNIT_STRIDES)
-    ptrs = {"w_ptr": {"bf16": "*bf16", "int8": "*i8", "fp8": "*fp8e4nv"}[weights], "s_ptr": "*fp32", "as_ptr": "*fp32"}
+    wt = {"bf16": "bf16", "int8": "i8", "fp8": "fp8e4nv"}[weights]
+    ptrs = {"w_ptr": f"*{wt}", "s_ptr": "*fp32", "as_ptr": "*fp32"}
     if tma:  # descriptors of the [BLOCK_N, BLOCK_K] weight boxes and the [BLOCK_M, BLOCK_K] h boxes
-        ptrs.update(w_desc=f"tensordesc<bf16[{block_n},{block_k}]>", h_desc=f"tensordesc<bf16[{block_m},{block_k}]>")
+        ht = "fp8e4nv" if w8a8 else "bf16"
+        ptrs.update(w_desc=f"tensordesc<{wt}[{block_n},{block_k}]>", h_desc=f"tensordesc<{ht}[{block_m},{block_k}]>")
     if w8a8:  # fp8 activation codes
         ptrs["x_ptr" if kind == "up" else "h_ptr"] = "*fp8e4nv"
     sig = _signature(fn, const, ptrs)
@@ -205,6 +207,8 @@ def main(argv=None) -> None:
             rows.append({"kernel": kind, "weights": what, **s})
         if a.target >= 90:  # Hopper's tensor memory accelerator (dispatch.kernels.tma)
             rows.append({"kernel": kind, "weights": "bf16, TMA", **grouped(kind, tma=True, **opts)})
+            rows.append({"kernel": kind, "weights": "fp8 × fp8, scale per row, TMA",
+                         **grouped(kind, "fp8", w8a8=True, late_scale=True, block_k=128, tma=True, **opts)})
     for s in rows if not a.json else ():
         print(f"{s['kernel']:4s} {s['weights']:28s} async copies {s['async_copies']:2d}  mma {s['mma']}  "
               f"wait pendings {s['mma_waits_pending']}  shared {s['shared_bytes'] // 1024} KiB  "

@@ -30,18 +30,19 @@ def test_bf16_loop_is_pipelined_on_sm90(rows, kind, weights):
 
 def test_every_weight_format_compiles_for_sm90(rows):
     """bf16, int8 and fp8 codes (weight-only and w8a8): loads pipelined, no spills, within shared memory."""
-    assert len(rows) == 16
+    assert len(rows) == 18
     for s in rows.values():
         assert s["async_copies"] > 0 and s["mma"] >= 1 and not s["spills"], s
         assert s["shared_bytes"] <= 227 * 1024, s
 
 
+@pytest.mark.parametrize("weights", ["bf16", "fp8 × fp8, scale per row"])
 @pytest.mark.parametrize("kind", ["up", "down"])
-def test_tma_loads_the_weight_tiles(rows, kind):
+def test_tma_loads_the_weight_tiles(rows, kind, weights):
     """Up: of the three tiles a K step loads, its two weight boxes by TMA (x rows stay gathered by
-    cp.async); down: both of its tiles. Pipelined as the pointer loads are (same copy count, same
-    MMAs); without TMA, no descriptor copy at all."""
-    t, p = rows[kind, "bf16, TMA"], rows[kind, "bf16"]
+    cp.async); down: both of its tiles (w8a8: h's fp8 codes and the weights' codes). Pipelined as the
+    pointer loads are (same copy count, same MMAs); without TMA, no descriptor copy at all."""
+    t, p = rows[kind, f"{weights}, TMA"], rows[kind, weights]
     assert t["tma_copies"] == t["async_copies"] * (2 if kind == "up" else 3) // 3 > 0, t
     same = ("async_copies", "mma", "mma_waits_pending")
     assert [t[k] for k in same] == [p[k] for k in same]

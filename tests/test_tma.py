@@ -1,16 +1,18 @@
 """TMA loads in the grouped GEMM: off where they cannot run; where they run (Hopper, or forced under the
 interpreter) the results are bitwise those of the pointer loads, tails and tensors TMA cannot describe
-included."""
+included, 8-bit expert codes (chapter 7) as well as 16-bit weights."""
 import pytest
 import torch
 
 import dispatch  # noqa: F401  (first: runtime decisions)
-from dispatch import runtime
+from dispatch import quant, runtime
+from dispatch.config import MoEConfig, random_weights
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tma
+from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
-from dispatch.reference import experts_reference
+from dispatch.reference import experts_reference, rel_err, route_reference
 
 CPU = torch.device("cpu")
 
@@ -55,7 +57,11 @@ def test_what_a_descriptor_can_describe():
     assert tma.describable(tma.rows_view(w), 64)
     assert not tma.describable(tma.rows_view(w), 4)  # box row of 8 bytes: below 16
     assert not tma.describable(tma.rows_view(w), 128)  # 256 bytes: above one 128-byte swizzle
-    assert not tma.describable(tma.rows_view(w.float()), 32)  # 16-bit only
+    assert not tma.describable(tma.rows_view(w.float()), 32)  # 16-bit values or 8-bit codes only
+    codes = torch.zeros(4, 96, 128, dtype=torch.int8)
+    assert tma.describable(tma.rows_view(codes), 128)  # 128 one-byte codes: one 128-byte box row
+    assert tma.describable(tma.rows_view(codes.view(torch.float8_e4m3fn)), 64)
+    assert not tma.describable(tma.rows_view(codes), 8)
     assert not tma.describable(torch.zeros(8, 100, dtype=torch.float16)[:, 1:65], 32)  # base not 16-byte aligned
     assert not tma.describable(torch.zeros(8, 100, dtype=torch.float16)[:, :64], 32)  # row stride 200 bytes
     assert not tma.describable(None, 32)
@@ -98,6 +104,35 @@ def test_layouts_tma_cannot_describe_fall_back_to_pointers():
     assert torch.equal(h[used], gg.grouped_up_swiglu(x, routes, gu, config=cfg)[used])
 
 
+def _quant_case(scheme, T, dtype, dev, seed=0):
+    cfg = MoEConfig(192, 160, 6, 3)  # H, I not multiples of 128: box tails, scale blocks across gate and up
+    w = random_weights(cfg, seed=seed, device=dev)
+    g = torch.Generator(device=dev).manual_seed(seed + 1)
+    x = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
+    wts, ids = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
+    return x, wts, ids, quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
+
+
+@pytest.mark.parametrize("scheme,w8a8", [("int8-channel", False), ("fp8-block128", False),
+                                         ("fp8-block128", True), ("fp8-channel", True)])
+def test_tma_reads_8bit_codes_bitwise_as_the_pointer_loads(scheme, w8a8, monkeypatch):
+    """Weight codes by descriptor (w8a8: down's fp8 h codes too); w8a16 with per-row and block scales
+    (weight-first), w8a8 with per-token and per-128-column activation scales."""
+    x, wts, ids, qe = _quant_case(scheme, 40, torch.float16, CPU)
+    cfg = GemmConfig(64, 32, 128 if w8a8 else 32, 4, 1, 1)
+    made, real = [], tma.descriptors
+
+    def spy(*args):  # which launches got descriptors
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(tma, "descriptors", spy)
+    on, off = _both(lambda: moe_experts_quant(x, wts, ids, qe, w8a8=w8a8, config=cfg))
+    assert [d is not None for d in made] == [True, True, False, False]  # up and down: forced, then off
+    assert torch.equal(on, off)
+    assert rel_err(on, moe_experts_quant_torch(x, wts, ids, qe, w8a8=w8a8)) < 1e-3
+
+
 def _hopper():
     return runtime.HAS_CUDA and torch.cuda.get_device_capability() >= (9, 0)
 
@@ -115,3 +150,20 @@ def test_gpu_tma_on_hopper_is_bitwise_the_pointer_loads(T):
     assert torch.equal(on, off)
     ref = experts_reference(x.float(), wts, ids, gu.float(), dn.float())
     torch.testing.assert_close(on.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme,w8a8", [("int8-channel", False), ("fp8-block128", False),
+                                         ("fp8-block128", True), ("fp8-channel", True)])
+@pytest.mark.parametrize("T", [300, 4096])
+def test_gpu_tma_reads_8bit_codes_on_hopper_bitwise(scheme, w8a8, T):
+    dev = torch.device("cuda")
+    if runtime.capability(dev) < (8, 9) and scheme.startswith("fp8"):
+        pytest.skip("fp8 e4m3 codes need sm_89+")
+    x, wts, ids, qe = _quant_case(scheme, T, runtime.compute_dtype(dev), dev)
+    cfg = GemmConfig(128, 128, 128, 8, 3, 8)
+    on = moe_experts_quant(x, wts, ids, qe, w8a8=w8a8, config=cfg)
+    with tma.disabled():
+        off = moe_experts_quant(x, wts, ids, qe, w8a8=w8a8, config=cfg)
+    assert torch.equal(on, off)
+    assert rel_err(on, moe_experts_quant_torch(x, wts, ids, qe, w8a8=w8a8)) < 2e-2

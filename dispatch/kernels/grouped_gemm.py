@@ -45,8 +45,7 @@ def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, sha
     plain tensors the kernel ignores."""
     config = config or tiles.gemm_config(kind, block_m, *shape)
     meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
-    descs = None if const["QUANT"] else tma.descriptors(views.values(), block_m, config.block_n, config.block_k,
-                                                        shape[6])
+    descs = tma.descriptors(views.values(), block_m, config.block_n, config.block_k, shape[6])
     use = descs is not None
     descs = dict(zip(views, descs if use else [args[1]] * len(views), strict=True))  # else: never read
     kernel[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const, **descs, GROUP_M=config.group_m,

@@ -18,7 +18,10 @@ in slot order, so a block's rows are one box); the up kernel's activations stay 
 are gathered row by row through the sort, and a Hopper box is a dense rectangle. Same tiles, same
 K order, same MMAs: results are bitwise those of the pointer loads.
 
-Where: sm_90+, weights in bf16/fp16 (8-bit codes keep their pointer loads), tiles of at least
+Quantized experts (chapter 7) come the same way: their 8-bit codes (a 128-code chunk is one
+128-byte box row) and, in w8a8, down's fp8 h codes; the scales stay pointer loads.
+
+Where: sm_90+, bf16/fp16 weights or 8-bit codes, tiles of at least
 ``MIN_BLOCK_M`` rows (the large batches the grouped path runs), and tensors a descriptor can
 describe (:func:`describable`). Off under the interpreter unless :func:`forced` (tests: the
 interpreter runs descriptor loads), before sm_90 (forced or not), on a Triton without host descriptors,
@@ -89,10 +92,13 @@ def rows_view(t) -> torch.Tensor | None:
     return t.view(-1, t.shape[2]) if t.stride(2) == 1 else None
 
 
+TMA_DTYPES = (torch.bfloat16, torch.float16, torch.int8, torch.float8_e4m3fn)  # 16-bit values, 8-bit codes
+
+
 def describable(t: torch.Tensor | None, box_cols: int) -> bool:
-    """A 2-D 16-bit tensor a descriptor can cover: unit column stride, 16-byte aligned base and row
-    stride, and a box row of 16 to 128 bytes (one 128-byte swizzle)."""
-    if t is None or t.dim() != 2 or t.dtype not in (torch.bfloat16, torch.float16) or t.stride(1) != 1:
+    """A 2-D 16-bit or 8-bit tensor a descriptor can cover: unit column stride, 16-byte aligned base and
+    row stride, and a box row of 16 to 128 bytes (one 128-byte swizzle)."""
+    if t is None or t.dim() != 2 or t.dtype not in TMA_DTYPES or t.stride(1) != 1:
         return False
     elt = t.element_size()
     return t.data_ptr() % 16 == 0 and (t.stride(0) * elt) % 16 == 0 and 16 <= box_cols * elt <= 128
