@@ -33,7 +33,8 @@ def test_measure_honours_the_quick_schemes():
     rows, memory = qb.measure("tiny", (80,), torch.device("cpu"), 1e12, timer=once, log=lambda *_: None,
                               schemes=qb.QUICK_SCHEMES)
     assert set(rows[0]["contestants"]) == {"bf16", "int8-channel", "fp8-block128", "fp8-block128+w8a8",
-                                           "fp8-channel", "fp8-channel+w8a8", "hf_fp8"}
+                                           "fp8-block128+w8a8 no TMA", "fp8-channel", "fp8-channel+w8a8",
+                                           "fp8-channel+w8a8 no TMA", "hf_fp8"}
     assert [m["scheme"] for m in memory] == list(qb.QUICK_SCHEMES)
     assert set(qb.QUICK_SHAPES) <= set(qb.SHAPES) and {1, 8, 64, 4096, 16384} == set(qb.QUICK_TOKENS)
 

@@ -10,7 +10,8 @@ For each shape the bf16 experts are quantized with every scheme of :data:`dispat
 for each token count one routing (softmax top-K of random logits) is given to every contestant:
 
     T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme
-    T > 64   bf16 ``moe_experts`` vs  ``moe_experts_quant`` w8a16 per scheme, and w8a8 (fp8 schemes)
+    T > 64   bf16 ``moe_experts`` vs  ``moe_experts_quant`` w8a16 per scheme, and w8a8 (fp8 schemes),
+             also with TMA off (``<scheme>+w8a8 no TMA``: what the descriptor loads are worth, Hopper)
     any T    ``hf_fp8``: transformers' own fp8 experts on the fp8-block128 codes, where it runs
              (it fetches its kernels from the Hugging Face Hub: offline, the reason is recorded)
 
@@ -32,7 +33,7 @@ import torch
 
 from dispatch import quant, runtime
 from dispatch.config import PRESETS, random_weights
-from dispatch.kernels import quant_kernels
+from dispatch.kernels import quant_kernels, tma
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
@@ -40,6 +41,7 @@ from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_
 from dispatch.reference import route_reference
 from dispatch_book import bench
 from dispatch_book.bench import hf_baselines
+from dispatch_book.bench.kernels import _within
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
@@ -81,6 +83,7 @@ def contestants(T, x, w_TK, ids, gu, dn, qes):
             if s.startswith("fp8"):
                 out[s + "+w8a8"] = (lambda q=qe: moe_experts_quant(x, w_TK, ids, q, w8a8=True),
                                     lambda q=qe: moe_experts_quant_torch(x, w_TK, ids, q, w8a8=True), "w8a8")
+                out[s + "+w8a8 no TMA"] = (_within(tma.disabled, out[s + "+w8a8"][0]), out[s + "+w8a8"][1], "w8a8")
     if "fp8-block128" in qes:
         build = functools.cache(lambda: hf_baselines.fp8_experts(qes["fp8-block128"]))
         out["hf_fp8"] = (lambda: build()(x, ids, w_TK.to(x.dtype)), None, "w8a8")
@@ -162,7 +165,7 @@ def figure(doc: dict):
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
     width = min(9.4, 1.0 + 2.6 * len(shapes))  # inches: drawn at >= 70% in the book column
     fig, axes = plt.subplots(2, len(shapes), figsize=(width, 6.2), squeeze=False, sharey="row")
-    names = list(dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]))
+    names = [c for c in dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]) if not c.endswith("no TMA")]
     top = 100.0  # the lower panels' ceiling: 100%, or the highest point (a read can beat the 4 GiB ceiling)
     for j, shape in enumerate(shapes):
         rows = [r for r in doc["rows"] if r["shape"] == shape]
