@@ -37,6 +37,7 @@ SUITES = {
     "decode": "dispatch_book.bench.decode",
     "parallel": "dispatch_book.bench.parallel",
     "ceilings": "dispatch_book.bench.peaks",
+    "reads": "dispatch_book.bench.reads",
     "balance_study": "dispatch_book.bench.balance_study",
     "e2e": "dispatch_book.bench.e2e",
     "quant": "dispatch_book.bench.quant",
