@@ -3,6 +3,8 @@
 CPU: Triton's interpreter in fp32 (and one fp16 case), tiny shapes. GPU (marker ``gpu``): compiled,
 bf16 at the benchmark shapes, with the tolerance documented in ``BF16_TOL``, and bitwise repeats.
 """
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given
@@ -141,9 +143,32 @@ def test_bad_inputs_raise_before_launch(change, match):
         moe_decode(*change(make(3, 2, 4, 32, 16)))
 
 
+FMA = DecodeConfig(block_m=1, block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
+
+
+@pytest.mark.parametrize("T,E,K,H,I", [(1, 6, 2, 40, 24), (1, 4, 4, 32, 16), (2, 5, 3, 40, 24), (6, 3, 2, 16, 32)])
+def test_one_row_tiles_use_fmas_and_match(T, E, K, H, I):  # noqa: E741
+    """block_m = 1 (FMAs on the CUDA cores, one row of an expert at a time): H and I tails, a token
+    choosing every expert, and several rows of one expert (each its own pass over the weights)."""
+    args = make(T, K, E, H, I, seed=T + E)
+    y = check(args, config=FMA)
+    torch.testing.assert_close(y, moe_decode(*args, config=replace(FMA, block_m=16)), **FP32_TOL)
+
+
+def test_one_row_tiles_with_a_shared_expert_and_bad_ids():
+    x, w, ids, gu, dn = make(2, 2, 4, 32, 16, seed=3)
+    ids[1, 0] = 9  # outside [0, E): adds nothing
+    sgu, sdn = torch.randn(2 * 32, 32) / 32 ** 0.5, torch.randn(32, 32) / 32 ** 0.5  # S = 2 I
+    y = moe_decode(x, w, ids, gu, dn, shared=(sgu, sdn), config=FMA)
+    torch.testing.assert_close(y, moe_decode_torch(x, w, ids, gu, dn, shared=(sgu, sdn)), **FP32_TOL)
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="power of two"):
         DecodeConfig(block_i=24)
+    with pytest.raises(ValueError, match="power of two"):
+        DecodeConfig(block_m=2)  # 1 (FMAs) or a tl.dot tile of 16 or more
+    assert DecodeConfig(block_m=1).block_m == 1
     with pytest.raises(ValueError, match="programs"):
         DecodeConfig(programs=0)
     assert DecodeConfig(programs=100).grid(8, 64) == 100  # 512 items: 5 or 6 per program
@@ -173,3 +198,17 @@ def test_gpu_skewed_routing_and_int32_ids():
     ref = experts_reference(x.float(), w, ids.long(), gu.float(), dn.float())
     assert ((y.float() - ref).norm() / ref.norm()).item() < BF16_TOL
     assert torch.equal(y, moe_decode(x, w, ids, gu, dn))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 8, 2048, 1024), (8, 2, 4096, 14336), (128, 8, 2048, 768)])
+def test_gpu_one_row_tiles_at_one_token(shape):
+    """block_m = 1 compiled (FMAs): one token at the benchmark shapes, against fp32 and the 16-row tiles."""
+    E, K, H, I = shape  # noqa: E741
+    x, w, ids, gu, dn = make(1, K, E, H, I, seed=1, dtype=torch.bfloat16, device="cuda")
+    y = moe_decode(x, w, ids, gu, dn, config=DecodeConfig(block_m=1, block_i=16, block_h=256, block_ho=16,
+                                                          block_id=256, programs=528))
+    ref = experts_reference(x.float(), w, ids, gu.float(), dn.float())
+    assert ((y.float() - ref).norm() / ref.norm()).item() < BF16_TOL
+    dot = moe_decode(x, w, ids, gu, dn, config=DecodeConfig(programs=528))
+    assert ((y.float() - dot.float()).norm() / dot.float().norm()).item() < 1e-2

@@ -5,6 +5,7 @@ activations pre-rounded to e4m3 in fp32, see ``quant_kernels._e4m3_round``); `-m
 compiled kernels in bf16 (fp8 on sm_89+).
 """
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -55,6 +56,18 @@ def test_decode_matches_twin_and_reference(scheme, cfg, T, one_expert):
     y = moe_decode_quant(x, w, ids, qe)
     assert rel(y, moe_decode_quant_torch(x, w, ids, qe)) < 1e-5
     assert rel(y, reference(x, w, ids, qe)) < 1e-5
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("T", [1, 3])
+def test_decode_one_row_tiles_dequantize_as_the_dot_tiles(scheme, T):
+    """block_m = 1: codes × scales by FMAs on the CUDA cores (one token's decode), per-row scales
+    after the reduction, block scales per chunk; the odd shape's partial chunks and straddling blocks."""
+    x, w, ids, qe = case(SHAPES[1], T, scheme, seed=T + 7)
+    fma = DecodeConfig(block_m=1, block_i=16, block_h=64, block_ho=16, block_id=32, num_stages=1)
+    y = moe_decode_quant(x, w, ids, qe, config=fma)
+    assert rel(y, moe_decode_quant_torch(x, w, ids, qe)) < 1e-5
+    assert rel(y, moe_decode_quant(x, w, ids, qe, config=replace(fma, block_m=16))) < 1e-5
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -266,6 +266,25 @@ def test_search_never_keeps_a_slower_config(small_space, monkeypatch):
     assert up == tiles.heuristic_gemm("up", up.block_m, cpu) and g["grouped_us"] == g["grouped_heuristic_us"] == 40.0
 
 
+@pytest.mark.parametrize("one_row_faster", [True, False])
+def test_one_token_also_descends_from_one_row_tiles(small_space, one_row_faster):
+    """At T = 1 a second descent starts from block_m = 1 (FMAs); the faster of the two descents is
+    kept, and the heuristic's time stays the first start's. Above one token: no one-row start."""
+    cpu = torch.device("cpu")
+
+    def price(fn, cand):
+        fn()
+        return fake_us(fn, cand) + (-50.0 if one_row_faster else 50.0) * (cand.block_m == 1)
+
+    case = search.make_case("tiny", 1, cpu, torch.float32)
+    d = search.tune_decode("tiny", 1, case, cpu, price, log=lambda s: None)
+    assert (DecodeConfig(**d["decode"]).block_m == 1) == one_row_faster
+    base = tiles.heuristic_decode(1, 2, 8, 64, 32, cpu)
+    assert d["decode_heuristic_us"] == price(lambda: 0, base)
+    assert [c.block_m for c in search.decode_starts(base, 1)] == [base.block_m, 1]
+    assert search.decode_starts(base, 2) == [base]
+
+
 def test_crossover_counts_the_shared_expert_where_each_path_runs_it():
     """Hand-computed: decode wins up to the last bucket before grouped first wins; where the shared
     expert rides along, decode carries it inside (decode_shared_us) and grouped pays it in torch."""

@@ -9,9 +9,10 @@ So the kernels below
 2. split each expert's matrices into thin tiles (``block_i`` rows of gate/up, ``block_ho`` rows of
    down) and deal the (slot, tile) items round-robin to a grid of ``config.programs`` programs, so
    every program streams the same number of tiles (±1) whichever experts the tokens chose;
-3. apply a tile to all of its expert's rows at once (``tl.dot`` on ``block_m`` = 16 padded rows),
-   with the whole reduction (over H for gate/up, over I for down) inside one program — no split-K
-   partial sums to reduce;
+3. apply a tile to all of its expert's rows at once (``tl.dot`` on ``block_m`` = 16 padded rows; or,
+   with ``block_m`` = 1, one row at a time by FMAs on the CUDA cores, which the tuner tries at one
+   token), with the whole reduction (over H for gate/up, over I for down) inside one program — no
+   split-K partial sums to reduce;
 4. sum each token's K weighted rows with the one k-order combine (fp32, cast once; rows with an id
    outside [0, E) were never written and are selected away).
 

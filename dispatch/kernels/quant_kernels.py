@@ -157,6 +157,17 @@ def _qdot(a, s_M, q, s_N, acc, QUANT: tl.constexpr, W8A8: tl.constexpr,
 
 
 @triton.jit
+def _qfma(a_1K, q_KN, s_N, acc_KN, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr):
+    """acc + a (one row, [1, K]) times w [K, N], elementwise on the CUDA cores: w itself or codes q · s_N
+    (LATE_SCALE: the scale after the reduction). The sum over K is left to the caller (``tl.sum``
+    over axis 0 once, after the loop): the decode kernels' one-row tiles, ``BLOCK_M = 1``."""
+    w = q_KN.to(tl.float32)
+    if QUANT and not LATE_SCALE:
+        w = w * s_N[None, :]
+    return acc_KN + w * tl.trans(a_1K.to(tl.float32))
+
+
+@triton.jit
 def _fp8_rows_kernel(a_ptr, q_ptr, s_ptr, used_ptr, M, K, GROUP, s_am, s_qm, s_sm,
                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                      USED: tl.constexpr, PRE_ROUND: tl.constexpr):

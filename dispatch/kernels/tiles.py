@@ -57,9 +57,10 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tiles of the three decode kernels (powers of two >= 16: tl.dot needs 16)."""
+    """Tiles of the three decode kernels (powers of two >= 16: tl.dot needs 16; ``block_m`` = 1: one
+    row at a time by FMAs on the CUDA cores, no tensor-core padding, for one token)."""
 
-    block_m: int = 16  # routed rows of one expert per tl.dot (padded)
+    block_m: int = 16  # routed rows of one expert per tl.dot (padded), or 1 (FMAs)
     block_i: int = 32  # gate/up rows (of I) per up-kernel tile
     block_h: int = 256  # H chunk of the up kernel's reduction loop
     block_ho: int = 32  # down rows (of H) per down-kernel tile
@@ -69,7 +70,9 @@ class DecodeConfig:
     programs: int = 1024  # the grid of each kernel; a program loops over (expert, tile) items
 
     def __post_init__(self):
-        _pow2("DecodeConfig", self, ("block_m", "block_i", "block_h", "block_ho", "block_id"))
+        _pow2("DecodeConfig", self, ("block_i", "block_h", "block_ho", "block_id"))
+        if self.block_m != 1:
+            _pow2("DecodeConfig", self, ("block_m",))
         if not isinstance(self.programs, int) or self.programs < 1:
             raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
 

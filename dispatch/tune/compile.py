@@ -34,7 +34,8 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
         cfg = PRESETS[name]
         for scheme, T in ((s, T) for s in schemes for T in tokens if T <= qs.QUANT_MAX_T):
             base = tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, runtime.compute_dtype(dev), dev)
-            jobs.append((name, T, f"decode:{scheme}", [c for step in qs.quant_steps(base, 1) for c in step(base)]))
+            jobs.append((name, T, f"decode:{scheme}", [c for b in search.decode_starts(base, T)
+                                                       for step in qs.quant_steps(b, 1) for c in step(b)]))
         for scheme, T in ((s, T) for s in qs.w8a8_schemes(schemes, dev) for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
             late = quant.SCHEMES[scheme].per_row(cfg.H) and quant.SCHEMES[scheme].per_row(cfg.I)
             base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
@@ -48,8 +49,9 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
             variants = [("decode", 0)] + ([("decode_shared", n)] if n else [])
             for kind, ns in variants if T <= search.DECODE_MAX_T else ():
                 base = tiles.heuristic_decode(T, cfg.K + ns, cfg.E + ns, cfg.H, cfg.I, dev)
-                up, down, _ = search.decode_steps(base, 1)
-                jobs.append((name, T, kind, up(base) + down(base)))
+                for b in search.decode_starts(base, T):
+                    up, down, _ = search.decode_steps(b, 1)
+                    jobs.append((name, T, kind, up(b) + down(b)))
             for bm in search.block_ms(T, cfg.K, cfg.E) if T >= search.GROUPED_MIN_T else ():
                 for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them
                     key = (kind, bm, cfg.K if kind == "up" else 0)  # N = 16·K specialises like any T ≥ 8
