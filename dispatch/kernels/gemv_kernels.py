@@ -80,6 +80,35 @@ def _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS: tl.constexpr, e, count, m0
 
 
 @triton.jit
+def _tile_acc(BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The fp32 accumulator of a [BLOCK_M, BLOCK_N] output tile reduced over BLOCK_K chunks: [BLOCK_M, BLOCK_N]
+    for ``tl.dot``, or with one row (``BLOCK_M = 1``, FMAs) the partial sums per K lane, [BLOCK_K, BLOCK_N]."""
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _tile_mac(a, q, s_N, acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr):
+    """acc + a @ w for one reduction chunk: ``_qdot`` (tensor cores), or ``_qfma`` with one row."""
+    if BLOCK_M == 1:  # CUDA-core FMAs, no tensor-core padding of one row to 16
+        acc = _qfma(a, q, s_N, acc, QUANT, LATE_SCALE)
+    else:
+        acc = _qdot(a, 1.0, q, s_N, acc, QUANT, False, LATE_SCALE, False)
+    return acc
+
+
+@triton.jit
+def _tile_out(acc, BLOCK_M: tl.constexpr):
+    """The accumulator as [BLOCK_M, BLOCK_N]: one row's partial sums summed once, after the loop."""
+    if BLOCK_M == 1:
+        acc = tl.sum(acc, axis=0)[None, :]
+    return acc
+
+
+@triton.jit
 def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                       s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
@@ -110,12 +139,8 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
         for m0 in range(0, count, BLOCK_M):  # BLOCK_M of the expert's rows at a time (one, mostly)
             rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
             x_row = x_ptr + (rows_M // (K + NS)).to(tl.int64)[:, None] * s_xt
-            if BLOCK_M == 1:  # one row: FMA partial sums, one per H lane, summed after the loop
-                acc_g = tl.zeros([BLOCK_H, BLOCK_I], dtype=tl.float32)
-                acc_u = tl.zeros([BLOCK_H, BLOCK_I], dtype=tl.float32)
-            else:
-                acc_g = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
-                acc_u = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
+            acc_g = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
+            acc_u = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
             for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
                 offs_h = h0 + tl.arange(0, BLOCK_H)
                 mask_h = offs_h < H
@@ -125,15 +150,10 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                 u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
                 sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
                 su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-                if BLOCK_M == 1:  # CUDA-core FMAs, no tensor-core padding to 16 rows
-                    acc_g = _qfma(x_MH, g_HI, sg_I, acc_g, QUANT, LATE_SCALE)
-                    acc_u = _qfma(x_MH, u_HI, su_I, acc_u, QUANT, LATE_SCALE)
-                else:
-                    acc_g = _qdot(x_MH, 1.0, g_HI, sg_I, acc_g, QUANT, False, LATE_SCALE, False)
-                    acc_u = _qdot(x_MH, 1.0, u_HI, su_I, acc_u, QUANT, False, LATE_SCALE, False)
-            if BLOCK_M == 1:
-                acc_g = tl.sum(acc_g, axis=0)[None, :]
-                acc_u = tl.sum(acc_u, axis=0)[None, :]
+                acc_g = _tile_mac(x_MH, g_HI, sg_I, acc_g, BLOCK_M, QUANT, LATE_SCALE)
+                acc_u = _tile_mac(x_MH, u_HI, su_I, acc_u, BLOCK_M, QUANT, LATE_SCALE)
+            acc_g = _tile_out(acc_g, BLOCK_M)
+            acc_u = _tile_out(acc_u, BLOCK_M)
             if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
                 acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
                 acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
@@ -172,22 +192,15 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
             h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
             k_M = rows_M % (K + NS)  # the shared experts' columns (k >= K) have weight 1
             w_M = tl.load(w_ptr + (rows_M // (K + NS)) * s_wt + k_M * s_wk, mask=valid_M & (k_M < K), other=1.0)
-            if BLOCK_M == 1:  # one row: FMA partial sums, one per I lane, summed after the loop
-                acc = tl.zeros([BLOCK_I, BLOCK_HO], dtype=tl.float32)
-            else:
-                acc = tl.zeros([BLOCK_M, BLOCK_HO], dtype=tl.float32)
+            acc = _tile_acc(BLOCK_M, BLOCK_I, BLOCK_HO)
             for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
                 offs_i = i0 + tl.arange(0, BLOCK_I)
                 mask_i = offs_i < I
                 h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0)
                 d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
                 s_O = _block_scales(s_e, offs_o, i0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
-                if BLOCK_M == 1:
-                    acc = _qfma(h_MI, d_IO, s_O, acc, QUANT, LATE_SCALE)
-                else:
-                    acc = _qdot(h_MI, 1.0, d_IO, s_O, acc, QUANT, False, LATE_SCALE, False)
-            if BLOCK_M == 1:
-                acc = tl.sum(acc, axis=0)[None, :]
+                acc = _tile_mac(h_MI, d_IO, s_O, acc, BLOCK_M, QUANT, LATE_SCALE)
+            acc = _tile_out(acc, BLOCK_M)
             if LATE_SCALE:
                 acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
             out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]

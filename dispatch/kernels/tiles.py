@@ -26,11 +26,12 @@ DECODE_MAX_TOKENS = 64  # the crossover where no table says otherwise: decode fo
 HEADROOM = 8 * 1024  # shared memory left to Triton's own scratch (layout conversions, barriers)
 
 
-def _pow2(cls, obj, names):
+def _pow2(cls, obj, names, one=()):
+    """Each of ``names`` a power of two >= 16 (those in ``one`` may also be 1); warps and stages in range."""
     for name in names:
         v = getattr(obj, name)
-        if not isinstance(v, int) or v < 16 or v & (v - 1):
-            raise ValueError(f"{cls}.{name} must be a power of two >= 16, got {v!r}")
+        if not (name in one and v == 1) and (not isinstance(v, int) or v < 16 or v & (v - 1)):
+            raise ValueError(f"{cls}.{name} must be {'1 or ' if name in one else ''}a power of two >= 16, got {v!r}")
     if obj.num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"{cls}.num_warps must be 1, 2, 4, 8 or 16, got {obj.num_warps!r}")
     if not isinstance(obj.num_stages, int) or not 1 <= obj.num_stages <= 8:
@@ -70,9 +71,7 @@ class DecodeConfig:
     programs: int = 1024  # the grid of each kernel; a program loops over (expert, tile) items
 
     def __post_init__(self):
-        _pow2("DecodeConfig", self, ("block_i", "block_h", "block_ho", "block_id"))
-        if self.block_m != 1:
-            _pow2("DecodeConfig", self, ("block_m",))
+        _pow2("DecodeConfig", self, ("block_m", "block_i", "block_h", "block_ho", "block_id"), one=("block_m",))
         if not isinstance(self.programs, int) or self.programs < 1:
             raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
 

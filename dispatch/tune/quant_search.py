@@ -25,7 +25,7 @@ from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.quant.formats import FP8
 from dispatch.reference import rel_err
-from dispatch.tune.search import TOLERANCE, _best, _descend, decode_starts, decode_steps, make_case
+from dispatch.tune.search import TOLERANCE, _best, decode_starts, decode_steps, descend_from, make_case
 
 QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
 QUANT_MAX_T = 64  # decode tiles tuned up to here
@@ -77,10 +77,9 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
         return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=c)
 
     base = fit_scales(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev), qe)
-    ref = moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe)
-    runs = [_descend(fit_scales(b, qe), quant_steps, run, ref, f"{name} T={T} {scheme}", dev, timer, log,
-                     fit=lambda c: fit_scales(c, qe)) for b in decode_starts(base, T)]
-    (best, best_us, _), start_us = min(runs, key=lambda r: r[1]), runs[0][2]
+    best, best_us, start_us = descend_from(decode_starts(base, T), quant_steps, run,
+                                           moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe),
+                                           f"{name} T={T} {scheme}", dev, timer, log, fit=lambda c: fit_scales(c, qe))
     log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
     return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
 
