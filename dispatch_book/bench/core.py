@@ -38,6 +38,7 @@ SUITES = {
     "parallel": "dispatch_book.bench.parallel",
     "ceilings": "dispatch_book.bench.peaks",
     "reads": "dispatch_book.bench.reads",
+    "chain": "dispatch_book.bench.chain",
     "balance_study": "dispatch_book.bench.balance_study",
     "e2e": "dispatch_book.bench.e2e",
     "quant": "dispatch_book.bench.quant",
