@@ -7,13 +7,14 @@ import dispatch  # noqa: F401  (first: runtime decisions)
 from dispatch.kernels import gemv
 from dispatch.kernels.combine import combine_impl
 from dispatch.reference import experts_reference
+from dispatch.tune.search import make_case
 from dispatch_book.bench import chain
 
 CPU = torch.device("cpu")
 
 
 def test_prefixes_are_the_chain():
-    w, x, wt, ids = chain.case("tiny", 3, CPU, torch.float32)
+    _, w, x, wt, ids = make_case("tiny", 3, CPU, torch.float32)
     run = chain.stages(w, x, wt, ids)
     ref = experts_reference(x, wt, ids, w.gate_up_E2IH, w.down_EHI)
     torch.testing.assert_close(run["whole"](), ref, atol=1e-5, rtol=1e-4)
@@ -23,7 +24,7 @@ def test_prefixes_are_the_chain():
 
 
 def test_up_only_skips_the_down_launch_and_restores_it():
-    w, x, wt, ids = chain.case("tiny", 2, CPU, torch.float32)
+    _, w, x, wt, ids = make_case("tiny", 2, CPU, torch.float32)
     down = gemv._down_kernel
     launched = []
     with chain.up_only():

@@ -4,15 +4,15 @@
 
 A decode step (:func:`dispatch.kernels.gemv.moe_decode`) is three launches: up+SwiGLU, down ×
 weight, the k-order combine. For each preset the race runs, at 1 and 4 tokens, with the tile
-table's tiles and the race's inputs (bf16, ``randn·H^-0.5`` weights, softmax top-K of ``randn``
-logits), this suite times three prefixes of the chain: the up kernel alone (the down launch
-skipped, :func:`up_only`), up then down (:func:`dispatch.kernels.gemv.decode_rows`), and the whole
-path. The difference of two prefixes is what a launch adds *inside* the chain: the up kernel's
-pass evicts most of down's weights from L2 as in a real step, where down timed on its own would
-partly read them from L2. Beside them, a streaming read (``reads.stream_read``, the best of its
-configurations) of the up kernel's bytes and of all the bytes. Each timed as the race times its
-contestants (CUDA graph of 30 calls, replayed 7 times, median per call); % of the measured
-``hbm_read`` ceiling. Rows → ``results/<gpu>/decode_chain.json``.
+table's tiles and the tuner's inputs (bf16, :func:`dispatch.tune.search.make_case`: seeded random
+weights, softmax top-K of ``randn`` logits), this suite times three prefixes of the chain: the up
+kernel alone (the down launch skipped, :func:`up_only`), up then down
+(:func:`dispatch.kernels.gemv.decode_rows`), and the whole path. The difference of two prefixes is
+what a launch adds *inside* the chain: the up kernel's pass evicts most of down's weights from L2
+as in a real step, where down timed on its own would partly read them from L2. Beside them, a
+streaming read (:func:`dispatch_book.bench.reads.best_stream`) of the up kernel's bytes and of all
+the bytes. Each timed as the race times its contestants (CUDA graph of 30 calls, replayed 7 times,
+median per call); % of the measured ``hbm_read`` ceiling. Rows → ``results/<gpu>/decode_chain.json``.
 """
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ import contextlib
 import torch
 
 from dispatch import runtime
-from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import gemv, tiles
-from dispatch.reference import route_reference
+from dispatch.tune.search import make_case
 from dispatch_book import bench
 from dispatch_book.bench import reads
 
@@ -47,16 +46,6 @@ def up_only():
         yield
     finally:
         gemv._down_kernel = down
-
-
-def case(name: str, T: int, dev, dtype=torch.bfloat16, w=None):
-    """(weights, x_TH, weights_TK, ids_TK) as the race draws them, seeded by T."""
-    cfg = PRESETS[name]
-    w = w or random_weights(cfg, seed=0, dtype=dtype, device=dev)
-    g = torch.Generator(device=dev).manual_seed(T)
-    x_TH = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
-    weights_TK, ids_TK = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
-    return w, x_TH, weights_TK, ids_TK
 
 
 def stages(w, x_TH, weights_TK, ids_TK) -> dict:
@@ -84,7 +73,7 @@ def measure(dev, read_gbps: float, *, shapes=SHAPES, tokens=TOKENS, dtype=torch.
     for name in shapes:
         w = None
         for T in tokens:
-            w, x_TH, weights_TK, ids_TK = case(name, T, dev, dtype, w=w)
+            _, w, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, w)
             used = int(torch.unique(ids_TK).numel())
             H, I, elt = x_TH.shape[1], w.down_EHI.shape[2], x_TH.element_size()
             nbytes = {"up": used * 2 * H * I * elt, "all": used * 3 * H * I * elt}
@@ -92,7 +81,7 @@ def measure(dev, read_gbps: float, *, shapes=SHAPES, tokens=TOKENS, dtype=torch.
                    "us": {k: timer(fn)["median_ms"] * 1e3 for k, fn in stages(w, x_TH, weights_TK, ids_TK).items()}}
             for what, nb in nbytes.items():
                 buf = torch.ones(nb // elt, dtype=x_TH.dtype, device=dev)
-                row["us"][f"stream_{what}"] = reads._race(buf, sms, timer)["triton_stream"]["median_ms"] * 1e3
+                row["us"][f"stream_{what}"] = reads.best_stream(buf, sms, timer)["median_ms"] * 1e3
                 del buf
             row["pct_read"] = {k: 100 * nbytes["up" if k in ("up", "stream_up") else "all"] / (us * 1e-6) / 1e9
                                / read_gbps for k, us in row["us"].items()}

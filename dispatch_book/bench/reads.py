@@ -75,13 +75,19 @@ def measure(dev, read_gbps: float, *, timer=None, log=print) -> list[dict]:
     return rows
 
 
-def _race(x: torch.Tensor, sms: int, timer) -> dict:
-    """torch's sum over x, and the fastest of :data:`CONFIGS` for :func:`stream_read` (with its config)."""
+def best_stream(x: torch.Tensor, sms: int, timer) -> dict:
+    """The fastest of :data:`CONFIGS` for :func:`stream_read` over x: its timing and its config."""
     best = None
     for m, b, w, s in CONFIGS:
         t = timer(lambda m=m, b=b, w=w, s=s: stream_read(x, m * sms, b, w, s))
         if best is None or t["median_ms"] < best["median_ms"]:
             best = {**t, "programs_per_sm": m, "block": b, "warps": w, "stages": s}
+    return best
+
+
+def _race(x: torch.Tensor, sms: int, timer) -> dict:
+    """torch's sum over x, and the fastest :func:`stream_read` (:func:`best_stream`)."""
+    best = best_stream(x, sms, timer)
     return {"torch_sum": timer(lambda: x.sum(dtype=torch.float32)), "triton_stream": best}
 
 
