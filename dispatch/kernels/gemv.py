@@ -42,6 +42,7 @@ from torch.library import custom_op
 from dispatch.kernels import pdl, tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
+from dispatch.kernels.decode_fused import decode_fused
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.quant_kernels import weight_operand
 from dispatch.kernels.tiles import DecodeConfig
@@ -107,9 +108,18 @@ def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch
     ns = 0 if shared is None else shared_gate_up.shape[0] // 2 // I
     cfg = DecodeConfig(*tile_ints) if tile_ints else \
         tiles.decode_config(T, K + ns, E + ns, H, I, x_TH.dtype, x_TH.device)
+    return run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
+
+
+def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None) -> torch.Tensor:
+    """y_TH with tiles ``cfg`` (inputs already checked; the weights may be quantized): the three
+    launches, or with ``cfg.fused`` the same items in one (:mod:`dispatch.kernels.decode_fused`)."""
+    if cfg.fused:
+        return decode_fused(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
+    ns = 0 if shared is None else shared[0].shape[0] // 2 // down_EHI.shape[2]
     out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
     # rows with an id outside [0, E) were never written: the combine selects them away
-    return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype, extra=ns)
+    return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype, extra=ns)
 
 
 def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None) -> torch.Tensor:

@@ -109,57 +109,108 @@ def _tile_out(acc, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
+             s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi,
+             SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+             BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):
+    """Up item (slot, I tile) = divmod(item, tiles): h_NI[rows of the slot's expert, the I tile] =
+    silu(x @ gate.T) * (x @ up.T); its gate/up rows streamed once. Returns the slot."""
+    slot = item // tiles
+    e, count = _slot_expert(count_E, slot_E, slot, BLOCK_E)
+    s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
+    offs_i = (item % tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask_i = offs_i < I
+    base = gu_ptr + e.to(tl.int64) * s_ge  # the expert's gate rows; its up rows s_up further on
+    s_row, s_up = s_gi, I * s_gi
+    if NS > 0:  # shared expert E + j: rows j·I.. of the shared gate, S + j·I.. of its up (S = NS·I)
+        shared = e >= E
+        base = tl.where(shared, sgu_ptr + ((e - E) * I).to(tl.int64) * s_sgi, base)
+        s_row = tl.where(shared, s_sgi, s_row)
+        s_up = tl.where(shared, NS * I * s_sgi, s_up)
+    gate_ptr = base + offs_i[None, :] * s_row  # [1, BLOCK_I], H contiguous
+    up_ptr = gate_ptr + s_up
+    for m0 in range(0, count, BLOCK_M):  # BLOCK_M of the expert's rows at a time (one, mostly)
+        rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
+        x_row = x_ptr + (rows_M // (K + NS)).to(tl.int64)[:, None] * s_xt
+        acc_g = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
+        acc_u = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
+        for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            mask_h = offs_h < H
+            x_MH = tl.load(x_row + offs_h[None, :], mask=valid_M[:, None] & mask_h[None, :], other=0.0)
+            w_mask = mask_h[:, None] & mask_i[None, :]
+            g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
+            u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
+            sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
+            su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
+            acc_g = _tile_mac(x_MH, g_HI, sg_I, acc_g, BLOCK_M, QUANT, LATE_SCALE)
+            acc_u = _tile_mac(x_MH, u_HI, su_I, acc_u, BLOCK_M, QUANT, LATE_SCALE)
+        acc_g = _tile_out(acc_g, BLOCK_M)
+        acc_u = _tile_out(acc_u, BLOCK_M)
+        if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
+            acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+            acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+        h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
+        h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
+        tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
+    return slot
+
+
+@triton.jit
+def _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
+               s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh,
+               SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+               BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):
+    """Down item (slot, H tile) = divmod(item, tiles): out_NH[rows of the slot's expert, the H tile] =
+    weight · (h @ down.T), fp32, all of I; its down rows streamed once. h is read from L2 (``.cg``):
+    in the one-launch path (:mod:`dispatch.kernels.decode_fused`) other programs of this kernel wrote it."""
+    e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
+    s_e = ds_ptr + e.to(tl.int64) * s_se
+    offs_o = (item % tiles) * BLOCK_HO + tl.arange(0, BLOCK_HO)
+    mask_o = offs_o < H
+    base, s_row = dn_ptr + e.to(tl.int64) * s_de, s_dh  # the expert's [H, I], its row stride
+    if NS > 0:  # shared expert E + j: columns j·I .. of the shared down [H, S]
+        base = tl.where(e >= E, sdn_ptr + ((e - E) * I).to(tl.int64), base)
+        s_row = tl.where(e >= E, s_sdh, s_row)
+    down_ptr = base + offs_o[None, :] * s_row  # [1, BLOCK_HO], I contiguous
+    for m0 in range(0, count, BLOCK_M):
+        rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
+        h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
+        k_M = rows_M % (K + NS)  # the shared experts' columns (k >= K) have weight 1
+        w_M = tl.load(w_ptr + (rows_M // (K + NS)) * s_wt + k_M * s_wk, mask=valid_M & (k_M < K), other=1.0)
+        acc = _tile_acc(BLOCK_M, BLOCK_I, BLOCK_HO)
+        for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
+            offs_i = i0 + tl.arange(0, BLOCK_I)
+            mask_i = offs_i < I
+            h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0,
+                           cache_modifier=".cg")
+            d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
+            s_O = _block_scales(s_e, offs_o, i0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
+            acc = _tile_mac(h_MI, d_IO, s_O, acc, BLOCK_M, QUANT, LATE_SCALE)
+        acc = _tile_out(acc, BLOCK_M)
+        if LATE_SCALE:
+            acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+        out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
+        tl.store(out, acc * w_M.to(tl.float32)[:, None], mask=valid_M[:, None] & mask_o[None, :])
+
+
+@triton.jit
 def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                       s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                       PDL: tl.constexpr, NS: tl.constexpr):
-    """h_NI[rows of e, an I tile] = silu(x @ gate.T) * (x @ up.T); gate/up rows streamed once.
-
-    Grid (G,): items (slot, I tile), slot-major; program p does items p, p + G, p + 2G, ...
-    """
+    """Every up item; grid (G,): items (slot, I tile), slot-major; program p does items p, p + G, ..."""
     pdl_enter(PDL)  # the expert ids come from the kernel before: nothing to read ahead of them
     count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles = tl.cdiv(I, BLOCK_I)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
-        e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
-        s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
-        offs_i = (item % tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
-        mask_i = offs_i < I
-        base = gu_ptr + e.to(tl.int64) * s_ge  # the expert's gate rows; its up rows s_up further on
-        s_row, s_up = s_gi, I * s_gi
-        if NS > 0:  # shared expert E + j: rows j·I.. of the shared gate, S + j·I.. of its up (S = NS·I)
-            shared = e >= E
-            base = tl.where(shared, sgu_ptr + ((e - E) * I).to(tl.int64) * s_sgi, base)
-            s_row = tl.where(shared, s_sgi, s_row)
-            s_up = tl.where(shared, NS * I * s_sgi, s_up)
-        gate_ptr = base + offs_i[None, :] * s_row  # [1, BLOCK_I], H contiguous
-        up_ptr = gate_ptr + s_up
-        for m0 in range(0, count, BLOCK_M):  # BLOCK_M of the expert's rows at a time (one, mostly)
-            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
-            x_row = x_ptr + (rows_M // (K + NS)).to(tl.int64)[:, None] * s_xt
-            acc_g = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
-            acc_u = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
-            for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
-                offs_h = h0 + tl.arange(0, BLOCK_H)
-                mask_h = offs_h < H
-                x_MH = tl.load(x_row + offs_h[None, :], mask=valid_M[:, None] & mask_h[None, :], other=0.0)
-                w_mask = mask_h[:, None] & mask_i[None, :]
-                g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
-                u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
-                sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-                su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-                acc_g = _tile_mac(x_MH, g_HI, sg_I, acc_g, BLOCK_M, QUANT, LATE_SCALE)
-                acc_u = _tile_mac(x_MH, u_HI, su_I, acc_u, BLOCK_M, QUANT, LATE_SCALE)
-            acc_g = _tile_out(acc_g, BLOCK_M)
-            acc_u = _tile_out(acc_u, BLOCK_M)
-            if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
-                acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-                acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-            h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
-            h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
-            tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
+        _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
+                 s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, SBR, SBC, QUANT,
+                 LATE_SCALE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
     pdl_exit(PDL)
 
 
@@ -170,39 +221,12 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                  BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
                  NS: tl.constexpr):
-    """out_NH[rows of e, an H tile] = weight · (h @ down.T), in fp32; down rows streamed once.
-
-    Grid (G,): items (slot, H tile), slot-major; program p does items p, p + G, ... (all of I each).
-    """
+    """Every down item; grid (G,): items (slot, H tile), slot-major; program p does items p, p + G, ..."""
     pdl_enter(PDL)
     count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles = tl.cdiv(H, BLOCK_HO)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
-        e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
-        s_e = ds_ptr + e.to(tl.int64) * s_se
-        offs_o = (item % tiles) * BLOCK_HO + tl.arange(0, BLOCK_HO)
-        mask_o = offs_o < H
-        base, s_row = dn_ptr + e.to(tl.int64) * s_de, s_dh  # the expert's [H, I], its row stride
-        if NS > 0:  # shared expert E + j: columns j·I .. of the shared down [H, S]
-            base = tl.where(e >= E, sdn_ptr + ((e - E) * I).to(tl.int64), base)
-            s_row = tl.where(e >= E, s_sdh, s_row)
-        down_ptr = base + offs_o[None, :] * s_row  # [1, BLOCK_HO], I contiguous
-        for m0 in range(0, count, BLOCK_M):
-            rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
-            h_row = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn
-            k_M = rows_M % (K + NS)  # the shared experts' columns (k >= K) have weight 1
-            w_M = tl.load(w_ptr + (rows_M // (K + NS)) * s_wt + k_M * s_wk, mask=valid_M & (k_M < K), other=1.0)
-            acc = _tile_acc(BLOCK_M, BLOCK_I, BLOCK_HO)
-            for i0 in tl.range(0, I, BLOCK_I, num_stages=NUM_STAGES):
-                offs_i = i0 + tl.arange(0, BLOCK_I)
-                mask_i = offs_i < I
-                h_MI = tl.load(h_row + offs_i[None, :], mask=valid_M[:, None] & mask_i[None, :], other=0.0)
-                d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
-                s_O = _block_scales(s_e, offs_o, i0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
-                acc = _tile_mac(h_MI, d_IO, s_O, acc, BLOCK_M, QUANT, LATE_SCALE)
-            acc = _tile_out(acc, BLOCK_M)
-            if LATE_SCALE:
-                acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-            out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
-            tl.store(out, acc * w_M.to(tl.float32)[:, None], mask=valid_M[:, None] & mask_o[None, :])
+        _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
+                   s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh, SBR, SBC,
+                   QUANT, LATE_SCALE, BLOCK_M, BLOCK_HO, BLOCK_I, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
     pdl_exit(PDL)

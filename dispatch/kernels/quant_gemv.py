@@ -18,8 +18,7 @@ import torch
 from dispatch import runtime
 from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch
-from dispatch.kernels.combine import combine_impl
-from dispatch.kernels.gemv import decode_rows, moe_decode_torch
+from dispatch.kernels.gemv import moe_decode_torch, run_decode
 from dispatch.kernels.tiles import DecodeConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, QuantizedTensor
 
@@ -83,8 +82,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
     check_chunk("block_id", cfg.block_id, experts.down)
     if T == 0:
         return x_TH.new_empty(0, H)
-    out_NH = decode_rows(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg)
-    return combine_impl(out_NH, K, ids_TK, E, x_TH.dtype)  # rows with ids outside [0, E): selected away
+    return run_decode(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg)
 
 
 def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts) -> torch.Tensor:

@@ -69,9 +69,12 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 3
     programs: int = 1024  # the grid of each kernel; a program loops over (expert, tile) items
+    fused: int = 0  # 1: all three in one launch (dispatch.kernels.decode_fused), 0: three launches
 
     def __post_init__(self):
         _pow2("DecodeConfig", self, ("block_m", "block_i", "block_h", "block_ho", "block_id"), one=("block_m",))
+        if self.fused not in (0, 1):
+            raise ValueError(f"DecodeConfig.fused must be 0 (three launches) or 1 (one launch), got {self.fused!r}")
         if not isinstance(self.programs, int) or self.programs < 1:
             raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
 

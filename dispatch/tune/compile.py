@@ -50,7 +50,7 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
             for kind, ns in variants if T <= search.DECODE_MAX_T else ():
                 base = tiles.heuristic_decode(T, cfg.K + ns, cfg.E + ns, cfg.H, cfg.I, dev)
                 for b in search.decode_starts(base, T):
-                    up, down, _ = search.decode_steps(b, 1)
+                    up, down = search.decode_steps(b, 1)[:2]  # the rest: grid sizes, one launch (no new tiles)
                     jobs.append((name, T, kind, up(b) + down(b)))
             for bm in search.block_ms(T, cfg.K, cfg.E) if T >= search.GROUPED_MIN_T else ():
                 for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them

@@ -47,10 +47,13 @@ def gemm_space(kind: str, block_m: int, dev) -> list[GemmConfig]:
 
 
 def decode_steps(base: DecodeConfig, sms: int):
-    """The three coordinate-descent steps: each a function of the current best → candidates."""
+    """The coordinate-descent steps, each a function of the current best → candidates: up tiles, down
+    tiles, the grid, then the same tiles in one launch (``fused``: :mod:`dispatch.kernels.decode_fused`)
+    over the grid sizes again."""
     return (lambda b: [replace(b, block_i=i, block_h=h, num_stages=s) for i, h, s in DECODE_UP],
             lambda b: [replace(b, block_ho=o, block_id=d) for o, d in DECODE_DOWN],
-            lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM])
+            lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM],
+            lambda b: [replace(b, fused=1, programs=p * sms) for p in PROGRAMS_PER_SM])
 
 
 ONE_ROW = dict(block_m=1, block_i=16, block_h=256, block_ho=16, block_id=256)  # FMA tiles: a first guess

@@ -1,0 +1,175 @@
+"""The decode path in one launch: up+SwiGLU, down × weight and the combine in one kernel.
+
+The three-launch chain of :mod:`dispatch.kernels.gemv` pays twice at one token for the kernel
+boundaries: the down kernel cannot start before the *last* up program has written h, and the
+combine cannot start before the last down program has written its rows. Each boundary drains the
+GPU (the slow last programs, the next grid's ramp-up) while the weights wait to be read. Here the
+same items run in one grid:
+
+1. programs take items from one counter (a *ticket*): first every up item (slot, I tile), slot by
+   slot, then every down item (slot, H tile), slot by slot. The item bodies are the chain's own
+   (``gemv_kernels._up_item`` / ``_down_item``), so every row is computed the same way;
+2. a finished up item adds 1 to its slot's counter (release); a down item of slot s first waits
+   until s's counter holds all of s's up items (acquire). Those were handed out before it, to
+   programs that are already running, so the wait ends however many programs the GPU holds at once;
+3. a finished down item adds 1 to its H tile's counter; the one that completes the tile (all used
+   slots done) sums that tile's rows for every token, in k order, fp32, cast once — the combine,
+   with the very additions of ``combine._combine_kernel``.
+
+The output is bitwise the chain's (same tiles, same orders). The counters live in a small int32
+workspace per (device, stream), zeroed once; the last program to leave sets them back to zero.
+
+    ticket:  0 ........ used·tiles_up-1 | used·tiles_up ........ used·(tiles_up + tiles_down)-1
+             up (slot 0, I tiles), (slot 1, ...) | down (slot 0, H tiles) ...  → waits on its slot
+
+Launcher: :func:`decode_fused`; chosen by ``DecodeConfig.fused`` (the tuner measures both).
+Twin: :func:`dispatch.kernels.gemv.moe_decode_torch`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch.kernels import pdl
+from dispatch.kernels.gemv_kernels import _down_item, _expert_counts, _up_item
+from dispatch.kernels.pdl import pdl_enter, pdl_exit
+from dispatch.kernels.quant_kernels import weight_operand
+from dispatch.kernels.tiles import DecodeConfig
+
+COUNTERS = tl.constexpr(2)  # ws[0]: the ticket, ws[1]: programs that have left; then a counter per slot, per H tile
+
+
+@triton.jit
+def _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, o_tile, s_it, s_ik, s_on, s_yt,
+                  NS: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HO: tl.constexpr):
+    """y_TH[:, the H tile] = Σ_k out_NH[t·(K+NS) + k] in k order (fp32, one cast); a routed row whose id
+    is outside [0, E) is selected away (never written). Rows are read from L2 (other programs wrote them)."""
+    offs_o = o_tile * BLOCK_HO + tl.arange(0, BLOCK_HO)
+    mask_o = offs_o < H
+    for t0 in range(0, T, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mask_t = offs_t < T
+        acc = tl.zeros([BLOCK_T, BLOCK_HO], dtype=tl.float32)
+        for k in tl.static_range(KP):  # fixed k order; the NS shared experts' rows last
+            if k < K + NS:
+                ok = mask_t
+                if k < K:
+                    e = tl.load(ids_ptr + offs_t * s_it + k * s_ik, mask=mask_t, other=-1)
+                    ok = mask_t & (e >= 0) & (e < E)
+                rows = (offs_t * (K + NS) + k).to(tl.int64)
+                row = tl.load(out_ptr + rows[:, None] * s_on + offs_o[None, :], mask=mask_t[:, None] & mask_o[None, :],
+                              other=0.0, cache_modifier=".cg")
+                acc += tl.where(ok[:, None], row, 0.0)
+        tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * s_yt + offs_o[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mask_t[:, None] & mask_o[None, :])
+
+
+@triton.jit
+def _wait_for(ptr, target):
+    """Spin until the int32 at ``ptr`` reaches ``target``, then acquire it: what its adders wrote before
+    their release is visible. Plain (volatile) loads while spinning: they do not queue up in front of
+    the adders' atomics as read-modify-writes would."""
+    c = tl.load(ptr, volatile=True)
+    while c < target:
+        c = tl.load(ptr, volatile=True)
+    tl.atomic_add(ptr, 0, sem="acquire")
+
+
+@triton.jit
+def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, h_ptr, out_ptr, y_ptr, ws_ptr,
+                         N, T, K, E, H, I,
+                         s_xt, s_it, s_ik, s_wt, s_wk, s_ge, s_gi, s_gse, s_gsr, s_gsc,
+                         s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, s_yt, sgu_ptr, s_sgi, sdn_ptr, s_sdh,
+                         G_SBR: tl.constexpr, G_SBC: tl.constexpr, G_QUANT: tl.constexpr, G_LATE: tl.constexpr,
+                         D_SBR: tl.constexpr, D_SBC: tl.constexpr, D_QUANT: tl.constexpr, D_LATE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_HO: tl.constexpr, BLOCK_ID: tl.constexpr, BLOCK_E: tl.constexpr,
+                         CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr, KP: tl.constexpr,
+                         BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
+    tiles_u = tl.cdiv(I, BLOCK_I)
+    tiles_d = tl.cdiv(H, BLOCK_HO)
+    n_up = used * tiles_u
+    slot_ptr = ws_ptr + COUNTERS  # up items done, per slot
+    tile_ptr = slot_ptr + BLOCK_E  # down items done, per H tile
+    ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
+    while ticket < n_up + used * tiles_d:
+        if ticket < n_up:
+            slot = _up_item(ticket, tiles_u, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
+                            s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, G_SBR, G_SBC,
+                            G_QUANT, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+            tl.debug_barrier()  # every thread's h stores precede the release
+            tl.atomic_add(slot_ptr + slot, 1, sem="release")
+        else:
+            item = ticket - n_up
+            _wait_for(slot_ptr + item // tiles_d, tiles_u)
+            _down_item(item, tiles_d, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
+                       s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, sdn_ptr, s_sdh,
+                       D_SBR, D_SBC, D_QUANT, D_LATE, BLOCK_M, BLOCK_HO, BLOCK_ID, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+            tl.debug_barrier()
+            if tl.atomic_add(tile_ptr + item % tiles_d, 1, sem="acq_rel") == used - 1:  # the tile's last row
+                _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, item % tiles_d, s_it, s_ik, s_on, s_yt,
+                              NS, KP, BLOCK_T, BLOCK_HO)
+        ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
+    if tl.atomic_add(ws_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:  # the last to leave
+        if used == 0:  # no row was routed to a valid expert: every row is selected away, y is zero
+            for o_tile in range(0, tiles_d):
+                _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, o_tile, s_it, s_ik, s_on, s_yt,
+                              NS, KP, BLOCK_T, BLOCK_HO)
+        n = COUNTERS + BLOCK_E + tiles_d
+        for c0 in range(0, n, 1024):
+            offs = c0 + tl.arange(0, 1024)
+            tl.store(ws_ptr + offs, tl.zeros([1024], dtype=tl.int32), mask=offs < n)
+    pdl_exit(PDL)
+
+
+_workspaces: dict = {}  # (device, stream) -> int32 counters, zero between launches
+
+
+def workspace(device: torch.device, n: int) -> torch.Tensor:
+    """The counters of :func:`_fused_decode_kernel` on this device and stream (at least ``n``, zero)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    ws = _workspaces.get((device, stream))
+    if ws is None or ws.numel() < n:
+        ws = torch.zeros(max(256, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _workspaces[(device, stream)] = ws
+    return ws
+
+
+def decode_fused(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None):
+    """y_TH of :func:`dispatch.kernels.gemv.moe_decode` in one launch (inputs already checked)."""
+    (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
+    sgu, sdn = shared if shared is not None else (None, None)
+    ns = 0 if sgu is None else sgu.shape[0] // 2 // I
+    if T == 0 or E == 0:
+        return torch.zeros(T, H, dtype=x_TH.dtype, device=x_TH.device)
+    if x_TH.stride(1) != 1:
+        x_TH = x_TH.contiguous()
+    gu, gs, gs_strides, g_const = weight_operand(gate_up_E2IH)
+    dn, ds, ds_strides, d_const = weight_operand(down_EHI)
+    if ns and (g_const["QUANT"] or d_const["QUANT"]):
+        raise ValueError("shared experts ride along with unquantized routed experts only")
+    sgu = gu if sgu is None else sgu if sgu.stride(1) == 1 else sgu.contiguous()
+    sdn = dn if sdn is None else sdn if sdn.stride(1) == 1 else sdn.contiguous()
+    N = T * (K + ns)
+    BLOCK_E = max(16, triton.next_power_of_2(E + ns))
+    CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
+    tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
+    items = min(E + ns, N) * (tiles_u + tiles_d)
+    ws = workspace(x_TH.device, COUNTERS.value + BLOCK_E + tiles_d)
+    h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
+    out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
+    y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
+    _fused_decode_kernel[(max(1, min(cfg.programs, items)),)](
+        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I,
+        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
+        gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
+        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), sgu, sgu.stride(0), sdn, sdn.stride(0),
+        G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
+        D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
+        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
+        BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
+        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
+    return y_TH

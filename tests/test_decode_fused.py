@@ -1,0 +1,116 @@
+"""The decode path in one launch (dispatch.kernels.decode_fused) against the three-launch chain.
+
+The one launch runs the chain's own item bodies in another order, so its output must be *bitwise*
+the chain's, on any routing; and both against the reference. CPU: Triton's interpreter (programs run
+one after another, so a down item never has to wait); GPU (marker ``gpu``): compiled, programs
+running at once and waiting on each other's counters, at the benchmark shapes.
+"""
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatch.kernels import decode_fused
+from dispatch.kernels.gemv import DecodeConfig, moe_decode, moe_decode_torch
+from dispatch.kernels.quant_gemv import moe_decode_quant
+from dispatch.quant import quantize_experts
+from dispatch.reference import experts_reference
+from tests.test_gemv import FP32_TOL, make
+
+CHAIN = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
+ONE = replace(CHAIN, fused=1)
+
+
+def both(args, config=CHAIN, **kw):
+    """(chain, one launch) outputs; asserts they are bitwise equal and that the counters are back to 0."""
+    chain = moe_decode(*args, config=config, **kw)
+    one = moe_decode(*args, config=replace(config, fused=1), **kw)
+    assert torch.equal(chain, one), (chain - one).abs().max()
+    for ws in decode_fused._workspaces.values():
+        assert not ws.any(), "the last program must leave the counters at zero"
+    return one
+
+
+@settings(max_examples=25, deadline=None)
+@given(T=st.integers(1, 9), E=st.integers(1, 8), K=st.integers(1, 8), H=st.sampled_from([16, 40]),
+       I=st.sampled_from([16, 24, 32]), seed=st.integers(0, 2**16), skew=st.booleans(),
+       programs=st.sampled_from([1, 3, 1024]))
+def test_random_shapes_bitwise_the_chain(T, E, K, H, I, seed, skew, programs):  # noqa: E741
+    K = min(K, E)
+    x, w, ids, gu, dn = make(T, K, E, H, I, seed=seed)
+    if skew and E > K:  # crowd the rows onto a few experts, leave others empty
+        ids = torch.stack([torch.arange(K) + (t % 2) * (E - K) for t in range(T)])
+    y = both((x, w, ids, gu, dn), replace(CHAIN, programs=programs))
+    torch.testing.assert_close(y, experts_reference(x, w, ids, gu, dn), **FP32_TOL)
+
+
+@pytest.mark.parametrize("case", ["one token", "all to one expert", "K = E", "bad ids", "no valid id"])
+def test_edge_routings(case):
+    T, K, E, H, I = {"one token": (1, 2, 4, 40, 24), "K = E": (3, 4, 4, 32, 16)}.get(case, (4, 2, 5, 32, 16))
+    ids = {"all to one expert": torch.full((T, K), 3), "bad ids": torch.tensor([[0, -1], [7, 2], [2, 0], [5, 4]]),
+           "no valid id": torch.tensor([[-1, 5]] * T)}.get(case)
+    x, w, ids, gu, dn = make(T, K, E, H, I, ids=ids)
+    y = both((x, w, ids, gu, dn))
+    torch.testing.assert_close(y, moe_decode_torch(x, w, ids, gu, dn), **FP32_TOL)
+    if case == "no valid id":  # no item at all: the last program to leave writes the zeros
+        assert torch.equal(y, torch.zeros_like(y))
+
+
+def test_zero_tokens():
+    x, w, ids, gu, dn = make(0, 2, 4, 32, 16)
+    assert moe_decode(x, w, ids, gu, dn, config=ONE).shape == (0, 32)
+
+
+def test_shared_expert_rides_along():
+    x, w, ids, gu, dn = make(5, 2, 4, 32, 16, seed=3)
+    g = torch.Generator().manual_seed(4)
+    shared = (torch.randn(2 * 32, 32, generator=g) / 32 ** 0.5, torch.randn(32, 32, generator=g) / 32 ** 0.5)
+    y = both((x, w, ids, gu, dn), shared=shared)
+    torch.testing.assert_close(y, moe_decode_torch(x, w, ids, gu, dn, shared=shared), **FP32_TOL)
+
+
+@pytest.mark.parametrize("scheme", ["int8-channel", "fp8-block128"])
+def test_quantized_experts(scheme):
+    x, w, ids, gu, dn = make(3, 2, 4, 128, 128, seed=5)
+    qe = quantize_experts(gu, dn, scheme)
+    chain = moe_decode_quant(x, w, ids, qe, config=CHAIN)
+    assert torch.equal(chain, moe_decode_quant(x, w, ids, qe, config=ONE))
+
+
+def test_config_refuses_other_values():
+    with pytest.raises(ValueError, match="fused must be 0"):
+        DecodeConfig(fused=2)
+
+
+def test_counters_are_per_stream_and_grow():
+    a = decode_fused.workspace(torch.device("cpu"), 10)
+    assert a.dtype == torch.int32 and a.numel() >= 10 and not a.any()
+    assert decode_fused.workspace(torch.device("cpu"), 10) is a
+    assert decode_fused.workspace(torch.device("cpu"), 5000).numel() >= 5000
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b"])
+@pytest.mark.parametrize("T", [1, 4, 64])
+def test_gpu_bitwise_the_chain_under_graphs(preset, T):
+    """Compiled, every program at once: bitwise the chain for every grid size, also replayed in a CUDA graph."""
+    from dispatch.kernels import tiles
+    from dispatch.tune.search import PROGRAMS_PER_SM, make_case
+
+    dev = torch.device("cuda")
+    c, wts, x, w, ids = make_case(preset, T, dev, torch.bfloat16)
+    args = (x, w, ids, wts.gate_up_E2IH, wts.down_EHI)
+    cfg = tiles.decode_config(T, c.K, c.E, c.H, c.I, torch.bfloat16, dev)
+    chain = moe_decode(*args, config=replace(cfg, fused=0))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for p in PROGRAMS_PER_SM:
+        one = replace(cfg, fused=1, programs=p * sms)
+        assert torch.equal(moe_decode(*args, config=one), chain)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ys = [moe_decode(*args, config=replace(cfg, fused=1)) for _ in range(3)]
+    g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(y, chain) for y in ys)
