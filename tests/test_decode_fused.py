@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,14 +22,15 @@ from dispatch.reference import experts_reference
 from tests.test_gemv import FP32_TOL, make
 
 CHAIN = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
-ONE = replace(CHAIN, fused=1)
+ONE = replace(CHAIN, fused=2)
 
 
 def both(args, config=CHAIN, **kw):
     """(chain, one launch) outputs; asserts they are bitwise equal and that the counters are back to 0."""
     chain = moe_decode(*args, config=config, **kw)
-    one = moe_decode(*args, config=replace(config, fused=1), **kw)
-    assert torch.equal(chain, one), (chain - one).abs().max()
+    for lag in (1, 2, 64):  # down items one slot behind, two, after every up item
+        one = moe_decode(*args, config=replace(config, fused=lag), **kw)
+        assert torch.equal(chain, one), (lag, (chain - one).abs().max())
     for ws in decode_fused._workspaces.values():
         assert not ws.any(), "the last program must leave the counters at zero"
     return one
@@ -80,8 +83,34 @@ def test_quantized_experts(scheme):
 
 
 def test_config_refuses_other_values():
-    with pytest.raises(ValueError, match="fused must be 0"):
-        DecodeConfig(fused=2)
+    for bad in (-1, 1.5, "1"):
+        with pytest.raises(ValueError, match="fused must be 0"):
+            DecodeConfig(fused=bad)
+
+
+@triton.jit
+def _tickets_kernel(up_ptr, item_ptr, n, used, a, b, lag, BLOCK: tl.constexpr):
+    t = tl.arange(0, BLOCK)
+    up, item = decode_fused._ticket_item(t, used, a, b, lag)
+    tl.store(up_ptr + t, up.to(tl.int32), mask=t < n)
+    tl.store(item_ptr + t, item, mask=t < n)
+
+
+@pytest.mark.parametrize("used,a,b", [(1, 3, 2), (5, 2, 3), (8, 4, 1), (3, 1, 1)])
+@pytest.mark.parametrize("lag", [1, 2, 3, 64])
+def test_ticket_order_deals_every_item_once_up_before_down(used, a, b, lag):
+    """Every up item and every down item exactly once; a slot's down items after all its up items;
+    with a lag ≥ used, all up items first (slot-major), then all down items."""
+    n = used * (a + b)
+    up, item = torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)
+    _tickets_kernel[(1,)](up, item, n, used, a, b, lag, BLOCK=triton.next_power_of_2(n))
+    order = [("up" if u else "down", int(i)) for u, i in zip(up.tolist(), item.tolist())]
+    assert sorted(order) == sorted([("up", i) for i in range(used * a)] + [("down", i) for i in range(used * b)])
+    last_up = {s: max(t for t, (k, i) in enumerate(order) if k == "up" and i // a == s) for s in range(used)}
+    first_down = {s: min(t for t, (k, i) in enumerate(order) if k == "down" and i // b == s) for s in range(used)}
+    assert all(last_up[s] < first_down[s] for s in range(used))
+    if lag >= used:
+        assert order == [("up", i) for i in range(used * a)] + [("down", i) for i in range(used * b)]
 
 
 def test_counters_are_per_stream_and_grow():
@@ -106,8 +135,9 @@ def test_gpu_bitwise_the_chain_under_graphs(preset, T):
     chain = moe_decode(*args, config=replace(cfg, fused=0))
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for p in PROGRAMS_PER_SM:
-        one = replace(cfg, fused=1, programs=p * sms)
-        assert torch.equal(moe_decode(*args, config=one), chain)
+        for lag in (1, 2, 64):
+            one = replace(cfg, fused=lag, programs=p * sms)
+            assert torch.equal(moe_decode(*args, config=one), chain), (p, lag)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         ys = [moe_decode(*args, config=replace(cfg, fused=1)) for _ in range(3)]

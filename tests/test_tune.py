@@ -297,3 +297,79 @@ def test_crossover_counts_the_shared_expert_where_each_path_runs_it():
     b["8"]["shared_us"] = 3.0  # 33 against 32: grouped
     assert crossover(b) == 1
     assert crossover({"8": {"grouped_us": 5.0}}) == 0  # no decode tuned: grouped from the start
+
+
+def test_the_descent_ends_with_the_one_launch_step(small_space):
+    """The last step tries the same tiles in one launch (every lag × grid size) and keeps it only if faster."""
+    cpu = torch.device("cpu")
+    steps = decode_steps(DecodeConfig(), 4)
+    last = steps[-1](DecodeConfig())
+    assert {c.fused for c in last} == set(search.LAGS) and all(c.block_i == DecodeConfig().block_i for c in last)
+    assert all(c.fused == 0 for step in steps[:-1] for c in step(DecodeConfig()))
+    case = search.make_case("tiny", 2, cpu, torch.float32)
+    for bonus in (-30.0, 30.0):  # one launch faster, or slower, than the best three-launch config
+        d = search.tune_decode("tiny", 2, case, cpu, lambda fn, c: fake_us(fn, c) + bonus * (c.fused > 0),
+                               log=lambda s: None)
+        assert (DecodeConfig(**d["decode"]).fused > 0) == (bonus < 0)
+
+
+@pytest.fixture
+def tiny_table(small_space, monkeypatch):
+    """A table with the tiny presets' decode entries (routed, shared riding along as n = 2 experts, int8)."""
+    from dispatch.config import PRESETS, MoEConfig
+
+    monkeypatch.setitem(PRESETS, "tiny-shared", MoEConfig(64, 32, 8, 2, shared_intermediate_size=64,
+                                                           shared_gate=False))
+    d = tiles.as_dict(tiles.INTERPRET_DECODE)
+    routed = {"2": {"decode": d, "decode_us": 100.0, "decode_shared_us": 100.0, "shared_us": 1.0},
+              "8": {"decode_us": 100.0, "grouped_us": 90.0}}  # grouped wins at 8 until decode gets faster
+    return {"entries": {
+        tables.shape_key(8, 64, 32, 2, torch.float32): {"crossover": 2, "buckets": routed},
+        tables.shape_key(10, 64, 32, 4, torch.float32): {"buckets": {"2": {"decode": d, "decode_us": 100.0}}},
+        tables.shape_key(8, 64, 32, 2, "torch.float32+int8-channel"): {"buckets": {"2": {"decode": d}}}}}
+
+
+def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monkeypatch):
+    """--refine: from each decode bucket's config, the one-launch step; a faster candidate replaces it
+    (the start's time kept as refined_from_us), a slower one does not; the crossover is recomputed and
+    the shared-expert entry's times reach the routed entry's buckets."""
+    from dispatch.tune import refine
+
+    cpu = torch.device("cpu")
+    price = lambda fn, c: (fn(), 100.0 - 60.0 * (c.fused > 0) * (c.programs == 16))[1]  # noqa: E731
+    jobs = refine.compile_jobs(["tiny", "tiny-shared"], tiny_table, torch.float32, ("int8-channel",))
+    assert {(n, T, k) for n, T, k, _ in jobs} >= {("tiny", 2, "decode"), ("tiny", 2, "decode:int8-channel"),
+                                                  ("tiny-shared", 2, "decode"), ("tiny-shared", 2, "decode_shared")}
+    assert all(c.fused == 1 for *_, cands in jobs for c in cands) and all(T == 2 for _, T, *_ in jobs)
+    for name, schemes in (("tiny", ("int8-channel",)), ("tiny-shared", ())):
+        out = refine.refine_preset(name, tiny_table, cpu, torch.float32, schemes, timer=price, log=lambda s: None)
+        assert len(out) == 2  # routed + int8, routed + shared
+        for key, e in out.items():
+            for T, b in e["buckets"].items():
+                if "decode" in b:
+                    d = DecodeConfig(**b["decode"])
+                    assert d.fused > 0 and d.programs == 16 and b["decode_us"] == 40.0 and b["refined_from_us"] == 100.0
+                    assert key in tiny_table["entries"]  # only entries the table has
+        if name == "tiny-shared":
+            routed = out[tables.shape_key(8, 64, 32, 2, torch.float32)]
+            assert all(b["decode_shared_us"] == 40.0 for b in routed["buckets"].values() if "decode_shared_us" in b)
+            assert routed["crossover"] == crossover(routed["buckets"])
+    slower = refine.refine_preset("tiny", tiny_table, cpu, torch.float32, timer=lambda fn, c: (fn(), 50.0 + c.fused)[1],
+                                  log=lambda s: None)
+    for e in slower.values():
+        for b in e["buckets"].values():
+            assert "decode" not in b or DecodeConfig(**b["decode"]).fused == 0
+
+
+def test_refine_refuses_a_one_launch_that_is_not_bitwise(tiny_table, monkeypatch):
+    from dispatch.tune import refine
+
+    real = refine.moe_decode
+
+    def off_by_a_bit(*a, config, **kw):
+        y = real(*a, config=config, **kw)
+        return y + 1e-6 if config.fused else y
+
+    monkeypatch.setattr(refine, "moe_decode", off_by_a_bit)
+    with pytest.raises(AssertionError, match="not bitwise"):
+        refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, timer=fake_us, log=lambda s: None)

@@ -6,9 +6,12 @@ combine cannot start before the last down program has written its rows. Each bou
 GPU (the slow last programs, the next grid's ramp-up) while the weights wait to be read. Here the
 same items run in one grid:
 
-1. programs take items from one counter (a *ticket*): first every up item (slot, I tile), slot by
-   slot, then every down item (slot, H tile), slot by slot. The item bodies are the chain's own
-   (``gemv_kernels._up_item`` / ``_down_item``), so every row is computed the same way;
+1. programs take items from one counter (a *ticket*), in an order where every up item (slot, I tile)
+   of a slot comes before its down items (slot, H tile): the up items of the first ``lag`` slots, then
+   for each further slot its up items followed by the down items of the slot ``lag`` places back
+   (``lag`` = ``DecodeConfig.fused``; a lag ≥ the used experts puts every up item first). While the last
+   slots' up items stream, the first slots' down items already read their weights. The item bodies are
+   the chain's own (``gemv_kernels._up_item`` / ``_down_item``), so every row is computed the same way;
 2. a finished up item adds 1 to its slot's counter (release); a down item of slot s first waits
    until s's counter holds all of s's up items (acquire). Those were handed out before it, to
    programs that are already running, so the wait ends however many programs the GPU holds at once;
@@ -19,8 +22,8 @@ same items run in one grid:
 The output is bitwise the chain's (same tiles, same orders). The counters live in a small int32
 workspace per (device, stream), zeroed once; the last program to leave sets them back to zero.
 
-    ticket:  0 ........ used·tiles_up-1 | used·tiles_up ........ used·(tiles_up + tiles_down)-1
-             up (slot 0, I tiles), (slot 1, ...) | down (slot 0, H tiles) ...  → waits on its slot
+    lag 2:   U0 U1 | U2 D0 | U3 D1 | ... | U7 D5 | D6 D7      (Us: slot s's up items, Ds: its down items;
+    lag 8:   U0 U1 ... U7 | D0 D1 ... D7                         a down item waits for its slot's Us)
 
 Launcher: :func:`decode_fused`; chosen by ``DecodeConfig.fused`` (the tuner measures both).
 Twin: :func:`dispatch.kernels.gemv.moe_decode_torch`.
@@ -66,6 +69,21 @@ def _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, o_tile, s_it, s_ik, s_on,
 
 
 @triton.jit
+def _ticket_item(t, used, a, b, lag):
+    """Ticket t → (up?, item): the up items of the first ``lag`` slots, then per further slot s its up
+    items followed by the down items of slot s - lag, then the last ``lag`` slots' down items. Every up
+    item of a slot comes before its down items: a down item waits only on items already handed out."""
+    lag = tl.minimum(lag, used)
+    mid = (used - lag) * (a + b)  # the interleaved blocks
+    t1 = t - lag * a
+    j, r = t1 // (a + b), t1 % (a + b)
+    up = (t < lag * a) | ((t1 < mid) & (r < a))
+    item = tl.where(t < lag * a, t, tl.where(r < a, (lag + j) * a + r, j * b + r - a))
+    item = tl.where(t1 >= mid, (used - lag) * b + t1 - mid, item)
+    return up, item
+
+
+@triton.jit
 def _wait_for(ptr, target):
     """Spin until the int32 at ``ptr`` reaches ``target``, then acquire it: what its adders wrote before
     their release is visible. Plain (volatile) loads while spinning: they do not queue up in front of
@@ -78,7 +96,7 @@ def _wait_for(ptr, target):
 
 @triton.jit
 def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, h_ptr, out_ptr, y_ptr, ws_ptr,
-                         N, T, K, E, H, I,
+                         N, T, K, E, H, I, LAG,
                          s_xt, s_it, s_ik, s_wt, s_wk, s_ge, s_gi, s_gse, s_gsr, s_gsc,
                          s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, s_yt, sgu_ptr, s_sgi, sdn_ptr, s_sdh,
                          G_SBR: tl.constexpr, G_SBC: tl.constexpr, G_QUANT: tl.constexpr, G_LATE: tl.constexpr,
@@ -96,14 +114,14 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
     tile_ptr = slot_ptr + BLOCK_E  # down items done, per H tile
     ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
     while ticket < n_up + used * tiles_d:
-        if ticket < n_up:
-            slot = _up_item(ticket, tiles_u, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
+        up, item = _ticket_item(ticket, used, tiles_u, tiles_d, LAG)
+        if up:
+            slot = _up_item(item, tiles_u, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                             s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, G_SBR, G_SBC,
                             G_QUANT, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
             tl.debug_barrier()  # every thread's h stores precede the release
             tl.atomic_add(slot_ptr + slot, 1, sem="release")
         else:
-            item = ticket - n_up
             _wait_for(slot_ptr + item // tiles_d, tiles_u)
             _down_item(item, tiles_d, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                        s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, sdn_ptr, s_sdh,
@@ -163,7 +181,7 @@ def decode_fused(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCo
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
     _fused_decode_kernel[(max(1, min(cfg.programs, items)),)](
-        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I,
+        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
         h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), sgu, sgu.stride(0), sdn, sdn.stride(0),

@@ -69,12 +69,13 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 3
     programs: int = 1024  # the grid of each kernel; a program loops over (expert, tile) items
-    fused: int = 0  # 1: all three in one launch (dispatch.kernels.decode_fused), 0: three launches
+    fused: int = 0  # 0: three launches; n ≥ 1: one (dispatch.kernels.decode_fused), down items n slots behind
 
     def __post_init__(self):
         _pow2("DecodeConfig", self, ("block_m", "block_i", "block_h", "block_ho", "block_id"), one=("block_m",))
-        if self.fused not in (0, 1):
-            raise ValueError(f"DecodeConfig.fused must be 0 (three launches) or 1 (one launch), got {self.fused!r}")
+        if not isinstance(self.fused, int) or self.fused < 0:
+            raise ValueError(f"DecodeConfig.fused must be 0 (three launches) or the lag n ≥ 1 of one launch, "
+                             f"got {self.fused!r}")
         if not isinstance(self.programs, int) or self.programs < 1:
             raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
 

@@ -2,6 +2,7 @@
 
     python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
     python -m dispatch.tune --preset all --quant int8-channel,fp8-channel   (quantized experts only)
+    python -m dispatch.tune --preset all --refine [--quant ...]   (the one-launch step from the table's configs)
 
 Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 16384), on one routing
 (softmax top-K of random logits, seeded), timed under CUDA-graph replay (median of several replays):
@@ -18,8 +19,9 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   timed with the chosen tiles and with the heuristic's; the table keeps whichever was faster.
 * **Decode kernels** (T ≤ 256): coordinate descent from the heuristic config — the up kernel's
   (block_i, block_h, stages), then the down kernel's (block_ho, block_id), then the grid size
-  (1–16 programs per SM: no recompile) — each step timing the whole three-launch decode, and moving
-  only to a config faster than the current one.
+  (1–16 programs per SM: no recompile), then the same tiles in one launch (``fused``: the lag of the
+  down items behind the up items × the grid sizes; :mod:`dispatch.kernels.decode_fused`) — each step
+  timing the whole decode, and moving only to a config faster than the current one.
 * **Quantized experts** (``--quant``, chapter 7, :mod:`dispatch.tune.quant_search`), instead of the
   above: the decode tiles for codes in each scheme, T ≤ 64, by the same descent started from the
   bf16 decode's tiles (what the launcher takes without an entry), plus a step of longer reduction
@@ -50,6 +52,7 @@ import triton
 
 from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
+from dispatch.tune import refine
 from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
 from dispatch.tune.search import BENCH_PRESETS, merge_entry, tune_preset
 
@@ -62,6 +65,8 @@ def main(argv=None) -> None:
                    "bucket by bucket")
     p.add_argument("--quant", default="", help="instead: experts quantized in these schemes (comma-separated, "
                    "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64, fp8's w8a8 grouped tiles for T ≥ 128")
+    p.add_argument("--refine", action="store_true", help="instead: only the one-launch step from the table's "
+                   "decode configs (bf16, shared, and the --quant schemes' entries; dispatch.tune.refine)")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)
@@ -80,7 +85,8 @@ def main(argv=None) -> None:
     name = runtime.device_name(dev)
     out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
     t0 = dt.datetime.now()
-    jobs = compile_jobs(presets, tokens, dev, schemes)
+    doc = tables.load_file(out) or {"entries": {}}
+    jobs = refine.compile_jobs(presets, doc, dtype, schemes) if a.refine else compile_jobs(presets, tokens, dev, schemes)
     workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])
     if workers < a.workers:
         print(f"{workers} compile workers, not {a.workers}: each holds a preset's weights on the GPU", flush=True)
@@ -90,9 +96,13 @@ def main(argv=None) -> None:
         except Exception as e:  # noqa: BLE001 - a broken pool only costs time: kernels compile while timing
             print(f"parallel compile failed ({e!r}); compiling while timing", flush=True)
         print(f"compiled in {(dt.datetime.now() - t0).total_seconds():.0f} s", flush=True)
-    doc = tables.load_file(out) or {"entries": {}}
     with torch.no_grad():
         for preset in presets:
+            if a.refine:
+                doc["entries"].update(refine.refine_preset(preset, doc, dev, dtype, schemes,
+                                                           log=lambda s: print(s, flush=True)))
+                tables.write(out, doc)
+                continue
             for key, e in tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
                                       schemes=schemes).items():
                 doc["entries"][key] = merge_entry(doc["entries"].get(key), e)  # other buckets stay

@@ -30,6 +30,7 @@ SPACE = {  # (kind, block_m) → (BLOCK_N, BLOCK_K, warps, stages)
 DECODE_UP = ((32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3))  # (block_i, block_h, stages)
 DECODE_DOWN = ((32, 128), (32, 256), (64, 128), (16, 256))  # (block_ho, block_id)
 PROGRAMS_PER_SM = (1, 2, 3, 4, 8, 16)
+LAGS = (1, 2, 64)  # one launch: down items 1 or 2 slots behind their up items, or after all of them
 
 
 def block_ms(T: int, K: int, E: int) -> tuple[int, ...]:
@@ -53,7 +54,7 @@ def decode_steps(base: DecodeConfig, sms: int):
     return (lambda b: [replace(b, block_i=i, block_h=h, num_stages=s) for i, h, s in DECODE_UP],
             lambda b: [replace(b, block_ho=o, block_id=d) for o, d in DECODE_DOWN],
             lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM],
-            lambda b: [replace(b, fused=1, programs=p * sms) for p in PROGRAMS_PER_SM])
+            lambda b: [replace(b, fused=n, programs=p * sms) for n in LAGS for p in PROGRAMS_PER_SM])
 
 
 ONE_ROW = dict(block_m=1, block_i=16, block_h=256, block_ho=16, block_id=256)  # FMA tiles: a first guess

@@ -1,0 +1,94 @@
+"""Refine a table's decode entries with the one-launch step, without tuning them again from the start.
+
+    python -m dispatch.tune --preset all --refine [--quant int8-channel,fp8-block128,fp8-channel]
+
+For every decode bucket of the table (the bf16 entry, the shared-expert entry where one rides along,
+and with ``--quant`` those schemes' entries), the bucket's config is the start and the descent's
+last step (:func:`dispatch.tune.search.decode_steps`: the same tiles in one launch,
+:mod:`dispatch.kernels.decode_fused`, over lags and grid sizes) runs from it. That is the step a
+full ``python -m dispatch.tune`` takes last, from the same kind of start. A candidate must give
+*bitwise* the start's output (the chain's item bodies in another order) and replaces it only when
+measured faster; the bucket keeps ``refined_from_us``, the start's time in this run. The crossover is
+then recomputed (decode may now win at larger T).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from dispatch import quant, tables
+from dispatch.config import PRESETS
+from dispatch.kernels import tiles
+from dispatch.kernels.gemv import moe_decode
+from dispatch.kernels.quant_gemv import moe_decode_quant
+from dispatch.moe import shared_rides_along
+from dispatch.tune.search import crossover, decode_steps, graph_us, make_case
+
+
+def variants(name: str, dtype, schemes=()) -> list[tuple[str, str, str]]:
+    """(table key, compile kind, scheme) of a preset's decode entries: bf16, shared, each scheme."""
+    c = PRESETS[name]
+    n = shared_rides_along(c)
+    out = [(tables.shape_key(c.E, c.H, c.I, c.K, dtype), "decode", "")]
+    if n:
+        out.append((tables.shape_key(c.E + n, c.H, c.I, c.K + n, dtype), "decode_shared", ""))
+    return out + [(tables.shape_key(c.E, c.H, c.I, c.K, tiles.quant_key(dtype, s)), "decode", s) for s in schemes]
+
+
+def compile_jobs(presets, doc: dict, dtype, schemes=()) -> list[tuple]:
+    """The one-launch kernel of every bucket to refine (one variant each: the grid and lag are not compiled in)."""
+    jobs = []
+    for name in presets:
+        for key, kind, scheme in variants(name, dtype, schemes):
+            for T, b in doc["entries"].get(key, {}).get("buckets", {}).items():
+                if "decode" in b:
+                    jobs.append((name, int(T), f"{kind}:{scheme}" if scheme else kind,
+                                 [replace(tiles.DecodeConfig(**b["decode"]), fused=1)]))
+    return jobs
+
+
+def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, log=print) -> dict:
+    """{key: refined entry} for a preset's decode entries in ``doc`` (a table); buckets without a decode
+    config, and entries the table lacks, are left as they are."""
+    c = PRESETS[name]
+    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
+    out, w = {}, None
+    for key, kind, scheme in variants(name, dtype, schemes):
+        old = doc["entries"].get(key)
+        if not old:
+            continue
+        entry = {**old, "buckets": {T: dict(b) for T, b in old["buckets"].items()}}
+        for T, b in entry["buckets"].items():
+            if "decode" not in b:
+                continue
+            _, w, x_TH, weights_TK, ids_TK = make_case(name, int(T), dev, dtype, w)
+            if scheme:
+                qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
+                run = lambda cfg, q=qe: moe_decode_quant(x_TH, weights_TK, ids_TK, q, config=cfg)  # noqa: E731
+            else:
+                sh = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
+                run = lambda cfg, sh=sh: moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI,  # noqa: E731
+                                                    shared=sh, config=cfg)
+            start = tiles.DecodeConfig(**b["decode"])
+            ref = run(start)
+            best, best_us = start, timer(lambda: run(start), start)
+            start_us = best_us
+            for cand in dict.fromkeys(decode_steps(start, sms)[-1](start)):
+                if not torch.equal(run(cand), ref):
+                    raise AssertionError(f"{key} T={T}: one launch {cand} is not bitwise the start's output")
+                us = timer(lambda cand=cand: run(cand), cand)
+                if us < best_us:
+                    best, best_us = cand, us
+            b.update(decode=tiles.as_dict(best), decode_us=best_us, refined_from_us=start_us)
+            log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} programs={best.programs}")
+        out[key] = entry
+    shared_key = tables.shape_key(c.E + shared_rides_along(c), c.H, c.I, c.K + shared_rides_along(c), dtype)
+    main = out.get(tables.shape_key(c.E, c.H, c.I, c.K, dtype))
+    if main and shared_key in out:  # the crossover compares decode with the shared expert inside
+        for T, b in out[shared_key]["buckets"].items():
+            if T in main["buckets"] and "decode_shared_us" in main["buckets"][T]:
+                main["buckets"][T]["decode_shared_us"] = b["decode_us"]
+    if main and "crossover" in main:
+        main["crossover"] = crossover(main["buckets"])
+    return out
