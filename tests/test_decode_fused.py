@@ -104,7 +104,7 @@ def test_ticket_order_deals_every_item_once_up_before_down(used, a, b, lag):
     n = used * (a + b)
     up, item = torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)
     _tickets_kernel[(1,)](up, item, n, used, a, b, lag, BLOCK=triton.next_power_of_2(n))
-    order = [("up" if u else "down", int(i)) for u, i in zip(up.tolist(), item.tolist())]
+    order = [("up" if u else "down", int(i)) for u, i in zip(up.tolist(), item.tolist(), strict=True)]
     assert sorted(order) == sorted([("up", i) for i in range(used * a)] + [("down", i) for i in range(used * b)])
     last_up = {s: max(t for t, (k, i) in enumerate(order) if k == "up" and i // a == s) for s in range(used)}
     first_down = {s: min(t for t, (k, i) in enumerate(order) if k == "down" and i // b == s) for s in range(used)}

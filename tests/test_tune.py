@@ -308,7 +308,7 @@ def test_the_descent_ends_with_the_one_launch_step(small_space):
     assert all(c.fused == 0 for step in steps[:-1] for c in step(DecodeConfig()))
     case = search.make_case("tiny", 2, cpu, torch.float32)
     for bonus in (-30.0, 30.0):  # one launch faster, or slower, than the best three-launch config
-        d = search.tune_decode("tiny", 2, case, cpu, lambda fn, c: fake_us(fn, c) + bonus * (c.fused > 0),
+        d = search.tune_decode("tiny", 2, case, cpu, lambda fn, c, bonus=bonus: fake_us(fn, c) + bonus * (c.fused > 0),
                                log=lambda s: None)
         assert (DecodeConfig(**d["decode"]).fused > 0) == (bonus < 0)
 
@@ -345,7 +345,7 @@ def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monke
         out = refine.refine_preset(name, tiny_table, cpu, torch.float32, schemes, timer=price, log=lambda s: None)
         assert len(out) == 2  # routed + int8, routed + shared
         for key, e in out.items():
-            for T, b in e["buckets"].items():
+            for b in e["buckets"].values():
                 if "decode" in b:
                     d = DecodeConfig(**b["decode"])
                     assert d.fused > 0 and d.programs == 16 and b["decode_us"] == 40.0 and b["refined_from_us"] == 100.0

@@ -86,7 +86,8 @@ def main(argv=None) -> None:
     out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
     t0 = dt.datetime.now()
     doc = tables.load_file(out) or {"entries": {}}
-    jobs = refine.compile_jobs(presets, doc, dtype, schemes) if a.refine else compile_jobs(presets, tokens, dev, schemes)
+    jobs = refine.compile_jobs(presets, doc, dtype, schemes) if a.refine else \
+        compile_jobs(presets, tokens, dev, schemes)
     workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])
     if workers < a.workers:
         print(f"{workers} compile workers, not {a.workers}: each holds a preset's weights on the GPU", flush=True)

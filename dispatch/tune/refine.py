@@ -13,6 +13,7 @@ then recomputed (decode may now win at larger T).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -48,6 +49,31 @@ def compile_jobs(presets, doc: dict, dtype, schemes=()) -> list[tuple]:
     return jobs
 
 
+def _runner(name, kind, scheme, T, dev, dtype, w):
+    """(weights, run(config=...) → y_TH) on the tuner's case for T: quantized, shared or routed."""
+    _, w, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, w)
+    if scheme:
+        qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
+        return w, functools.partial(moe_decode_quant, x_TH, weights_TK, ids_TK, qe)
+    shared = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
+    return w, functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
+
+
+def refine_bucket(run, start, sms: int, timer, what: str):
+    """The one-launch step from ``start`` → (best config, its µs, the start's µs); every candidate must
+    give bitwise the start's output."""
+    ref = run(config=start)
+    best, best_us = start, timer(lambda: run(config=start), start)
+    start_us = best_us
+    for cand in dict.fromkeys(decode_steps(start, sms)[-1](start)):
+        if not torch.equal(run(config=cand), ref):
+            raise AssertionError(f"{what}: one launch {cand} is not bitwise the start's output")
+        us = timer(functools.partial(run, config=cand), cand)
+        if us < best_us:
+            best, best_us = cand, us
+    return best, best_us, start_us
+
+
 def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, log=print) -> dict:
     """{key: refined entry} for a preset's decode entries in ``doc`` (a table); buckets without a decode
     config, and entries the table lacks, are left as they are."""
@@ -62,26 +88,12 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
         for T, b in entry["buckets"].items():
             if "decode" not in b:
                 continue
-            _, w, x_TH, weights_TK, ids_TK = make_case(name, int(T), dev, dtype, w)
-            if scheme:
-                qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
-                run = lambda cfg, q=qe: moe_decode_quant(x_TH, weights_TK, ids_TK, q, config=cfg)  # noqa: E731
-            else:
-                sh = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
-                run = lambda cfg, sh=sh: moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI,  # noqa: E731
-                                                    shared=sh, config=cfg)
+            w, run = _runner(name, kind, scheme, int(T), dev, dtype, w)
             start = tiles.DecodeConfig(**b["decode"])
-            ref = run(start)
-            best, best_us = start, timer(lambda: run(start), start)
-            start_us = best_us
-            for cand in dict.fromkeys(decode_steps(start, sms)[-1](start)):
-                if not torch.equal(run(cand), ref):
-                    raise AssertionError(f"{key} T={T}: one launch {cand} is not bitwise the start's output")
-                us = timer(lambda cand=cand: run(cand), cand)
-                if us < best_us:
-                    best, best_us = cand, us
+            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}")
             b.update(decode=tiles.as_dict(best), decode_us=best_us, refined_from_us=start_us)
-            log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} programs={best.programs}")
+            log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
+                f"programs={best.programs}")
         out[key] = entry
     shared_key = tables.shape_key(c.E + shared_rides_along(c), c.H, c.I, c.K + shared_rides_along(c), dtype)
     main = out.get(tables.shape_key(c.E, c.H, c.I, c.K, dtype))
