@@ -102,11 +102,10 @@ def main(argv=None) -> None:
             if a.refine:
                 doc["entries"].update(refine.refine_preset(preset, doc, dev, dtype, schemes,
                                                            log=lambda s: print(s, flush=True)))
-                tables.write(out, doc)
-                continue
-            for key, e in tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
-                                      schemes=schemes).items():
-                doc["entries"][key] = merge_entry(doc["entries"].get(key), e)  # other buckets stay
+            else:
+                for key, e in tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
+                                          schemes=schemes).items():
+                    doc["entries"][key] = merge_entry(doc["entries"].get(key), e)  # other buckets stay
             doc.update(device=name, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        versions={"torch": torch.__version__, "triton": triton.__version__})
             tables.write(out, doc)  # after every preset: a run cut short keeps what it tuned

@@ -30,7 +30,7 @@ SPACE = {  # (kind, block_m) → (BLOCK_N, BLOCK_K, warps, stages)
 DECODE_UP = ((32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3))  # (block_i, block_h, stages)
 DECODE_DOWN = ((32, 128), (32, 256), (64, 128), (16, 256))  # (block_ho, block_id)
 PROGRAMS_PER_SM = (1, 2, 3, 4, 8, 16)
-LAGS = (1, 2, 64)  # one launch: down items 1 or 2 slots behind their up items, or after all of them
+LAGS = (1, 64)  # one launch: down items one slot behind their up items, or after all of them
 
 
 def block_ms(T: int, K: int, E: int) -> tuple[int, ...]:
