@@ -76,31 +76,40 @@ def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0):
     return cfg, w, x_TH, weights_TK, ids_TK
 
 
+def _graph_of(fn, calls: int) -> torch.cuda.CUDAGraph:
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    return g
+
+
+def _replay_ms(g, a, b) -> float:
+    a.record()
+    g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b)
+
+
 def graph_us(fn, cand=None, reps: int = 7) -> float:
-    """Median µs of ``fn`` over ``reps`` CUDA-graph replays (graph of enough calls to span ~200 µs)."""
+    """Median µs of one call of ``fn`` over ``reps`` replays of a CUDA graph of up to 30 calls, as many
+    as span ~1 ms of GPU time (the race's 30 for decode sizes). The GPU time of a call is read from a
+    one-call graph: an eager call's time is the host's launch time (~0.2 ms for the decode path), which
+    once left every small candidate a one-call graph whose replay counted the graph's own start-up —
+    a few µs that favoured the one-launch decode over the chain at one token."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         fn()
     torch.cuda.current_stream().wait_stream(s)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    inner = max(1, min(30, int(0.2 / max(a.elapsed_time(b), 1e-3))))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    g.replay()
-    ts = []
-    for _ in range(reps):
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / inner)
+    one = _graph_of(fn, 1)
+    inner = max(1, min(30, int(1.0 / max(_replay_ms(one, a, b), 1e-3))))
+    del one
+    g = _graph_of(fn, inner)
+    ts = [_replay_ms(g, a, b) * 1e3 / inner for _ in range(reps)]
     del g
     return statistics.median(ts)
 
