@@ -322,7 +322,7 @@ def tiny_table(small_space, monkeypatch):
                                                            shared_gate=False))
     d = tiles.as_dict(tiles.INTERPRET_DECODE)
     routed = {"2": {"decode": d, "decode_us": 100.0, "decode_shared_us": 100.0, "shared_us": 1.0},
-              "8": {"decode_us": 100.0, "grouped_us": 90.0}}  # grouped wins at 8 until decode gets faster
+              "8": {"decode": d, "decode_us": 100.0, "grouped_us": 90.0}}  # grouped wins at 8 until decode is faster
     return {"entries": {
         tables.shape_key(8, 64, 32, 2, torch.float32): {"crossover": 2, "buckets": routed},
         tables.shape_key(10, 64, 32, 4, torch.float32): {"buckets": {"2": {"decode": d, "decode_us": 100.0}}},
@@ -331,8 +331,8 @@ def tiny_table(small_space, monkeypatch):
 
 def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monkeypatch):
     """--refine: from each decode bucket's config, the one-launch step; a faster candidate replaces it
-    (the start's time kept as refined_from_us), a slower one does not; the crossover is recomputed and
-    the shared-expert entry's times reach the routed entry's buckets."""
+    (decode_us scaled by the measured ratio, the raw times kept), a slower one does not; the crossover is
+    recomputed and the shared-expert entry's times reach the routed entry's buckets."""
     from dispatch.tune import refine
 
     cpu = torch.device("cpu")
@@ -340,20 +340,23 @@ def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monke
     jobs = refine.compile_jobs(["tiny", "tiny-shared"], tiny_table, torch.float32, ("int8-channel",))
     assert {(n, T, k) for n, T, k, _ in jobs} >= {("tiny", 2, "decode"), ("tiny", 2, "decode:int8-channel"),
                                                   ("tiny-shared", 2, "decode"), ("tiny-shared", 2, "decode_shared")}
-    assert all(c.fused == 1 for *_, cands in jobs for c in cands) and all(T == 2 for _, T, *_ in jobs)
+    assert all(c.fused == 1 for *_, cands in jobs for c in cands) and {T for _, T, *_ in jobs} == {2, 8}
     for name, schemes in (("tiny", ("int8-channel",)), ("tiny-shared", ())):
         out = refine.refine_preset(name, tiny_table, cpu, torch.float32, schemes, timer=price, log=lambda s: None)
         assert len(out) == 2  # routed + int8, routed + shared
         for key, e in out.items():
-            for b in e["buckets"].values():
+            for T, b in e["buckets"].items():
                 if "decode" in b:
                     d = DecodeConfig(**b["decode"])
-                    assert d.fused > 0 and d.programs == 16 and b["decode_us"] == 40.0 and b["refined_from_us"] == 100.0
+                    assert d.fused > 0 and d.programs == 16
+                    assert (b["refined_us"], b["refined_from_us"]) == (40.0, 100.0)
+                    tuned_us = tiny_table["entries"][key]["buckets"][T].get("decode_us", 100.0)
+                    assert b["decode_us"] == pytest.approx(tuned_us * 0.4)  # the tuning run's time × this run's ratio
                     assert key in tiny_table["entries"]  # only entries the table has
         if name == "tiny-shared":
             routed = out[tables.shape_key(8, 64, 32, 2, torch.float32)]
             assert all(b["decode_shared_us"] == 40.0 for b in routed["buckets"].values() if "decode_shared_us" in b)
-            assert routed["crossover"] == crossover(routed["buckets"])
+            assert routed["crossover"] == 8  # decode at 8 tokens now 40 µs in the tuning run's frame: under 90
     slower = refine.refine_preset("tiny", tiny_table, cpu, torch.float32, timer=lambda fn, c: (fn(), 50.0 + c.fused)[1],
                                   log=lambda s: None)
     for e in slower.values():

@@ -8,8 +8,9 @@ last step (:func:`dispatch.tune.search.decode_steps`: the same tiles in one laun
 :mod:`dispatch.kernels.decode_fused`, over lags and grid sizes) runs from it. That is the step a
 full ``python -m dispatch.tune`` takes last, from the same kind of start. A candidate must give
 *bitwise* the start's output (the chain's item bodies in another order) and replaces it only when
-measured faster; the bucket keeps ``refined_from_us``, the start's time in this run. The crossover is
-then recomputed (decode may now win at larger T).
+measured faster. The bucket's ``decode_us`` stays in the tuning run's frame, scaled by the ratio
+measured here (``refined_us`` / ``refined_from_us``, both kept), so that the recomputed crossover
+compares it with the same run's grouped time (decode may now win at larger T).
 """
 from __future__ import annotations
 
@@ -91,7 +92,10 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             w, run = _runner(name, kind, scheme, int(T), dev, dtype, w)
             start = tiles.DecodeConfig(**b["decode"])
             best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}")
-            b.update(decode=tiles.as_dict(best), decode_us=best_us, refined_from_us=start_us)
+            # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
+            # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it
+            b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
+                     refined_from_us=start_us, refined_us=best_us)
             log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
                 f"programs={best.programs}")
         out[key] = entry

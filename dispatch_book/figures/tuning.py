@@ -32,8 +32,9 @@ def gemm_tiles(d: dict) -> str:
 
 
 def decode_tiles(d: dict) -> str:
-    """A DecodeConfig dict → 'i32·h256 ho64·id128 p528' (up tile, down tile, programs)."""
-    return f"i{d['block_i']}·h{d['block_h']} ho{d['block_ho']}·id{d['block_id']} p{d['programs']}"
+    """A DecodeConfig dict → 'i32·h256 ho64·id128 p528' (up tile, down tile, programs), '+1L' in one launch."""
+    one = " 1L" if d.get("fused") else ""
+    return f"i{d['block_i']}·h{d['block_h']} ho{d['block_ho']}·id{d['block_id']} p{d['programs']}{one}"
 
 
 def tuned_rows(doc: dict, presets, buckets) -> list[dict]:
