@@ -12,8 +12,8 @@ import time
 import torch
 
 KINDS = (
-    ("experts", ("_up_swiglu", "_down_kernel", "_combine", "grouped", "_scatter", "histogram", "scan_blocks",
-                 "persistent")),
+    ("experts", ("_up_swiglu", "_down_kernel", "_combine", "_fused_decode", "grouped", "_scatter", "histogram",
+                 "scan_blocks", "persistent")),
     ("router", ("_route_kernel", "topk")),
     ("attention", ("attention", "fmha", "flash", "sdpa", "attn")),
     ("sampling", ("argmax", "sort", "exponential", "cumsum", "radix", "gather")),
