@@ -4,7 +4,8 @@ Same launches as :mod:`dispatch.kernels.gemv` (grouping inside the kernels, up+S
 weight → combine in k order; three, or one with ``DecodeConfig.fused``) and the same tiles; only the
 weight loads differ: each program streams 8-bit codes — half the bytes of bf16 — plus one fp32 scale
 per row and scale block, and multiplies them in: the same kernels with ``QUANT=True``
-(:mod:`dispatch.kernels.quant_kernels`). Weight-only (w8a16): activations stay in x's dtype, so the tensor cores run in bf16/fp16 (fp32 under the interpreter).
+(:mod:`dispatch.kernels.quant_kernels`). Weight-only (w8a16): activations stay in x's dtype, so the
+tensor cores run in bf16/fp16 (fp32 under the interpreter).
 
 fp8 e4m3 codes need an sm_89+ GPU (Ada, Hopper) for Triton's conversions; int8 runs everywhere
 (a T4, and the CPU interpreter). Plain-PyTorch twin: :func:`moe_decode_quant_torch`.
