@@ -113,6 +113,14 @@ def test_ticket_order_deals_every_item_once_up_before_down(used, a, b, lag):
         assert order == [("up", i) for i in range(used * a)] + [("down", i) for i in range(used * b)]
 
 
+def test_counters_left_dirty_on_the_cpu_are_cleared():
+    """A call interrupted half-way under the interpreter leaves its counters; the next call still computes."""
+    x, w, ids, gu, dn = make(3, 2, 4, 32, 16, seed=7)
+    ws = decode_fused.workspace(torch.device("cpu"), 64)
+    ws[:8] = torch.tensor([999, 5, 3, 1, 0, 2, 7, 1], dtype=torch.int32)
+    both((x, w, ids, gu, dn))
+
+
 def test_counters_are_per_stream_and_grow():
     a = decode_fused.workspace(torch.device("cpu"), 10)
     assert a.dtype == torch.int32 and a.numel() >= 10 and not a.any()

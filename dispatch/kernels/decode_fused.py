@@ -20,7 +20,9 @@ same items run in one grid:
    with the very additions of ``combine._combine_kernel``.
 
 The output is bitwise the chain's (same tiles, same orders). The counters live in a small int32
-workspace per (device, stream), zeroed once; the last program to leave sets them back to zero.
+workspace per (device, stream), zeroed once; the last program to leave sets them back to zero. So
+calls on one stream share it one after another: two CUDA graphs captured on one stream and then
+replayed at the same time on two streams would share it too (replay them on their capture stream).
 
     lag 2:   U0 U1 | U2 D0 | U3 D1 | ... | U7 D5 | D6 D7      (Us: slot s's up items, Ds: its down items;
     lag 8:   U0 U1 ... U7 | D0 D1 ... D7                         a down item waits for its slot's Us)
@@ -177,6 +179,8 @@ def decode_fused(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCo
     tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
     items = min(E + ns, N) * (tiles_u + tiles_d)
     ws = workspace(x_TH.device, COUNTERS.value + BLOCK_E + tiles_d)
+    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
+        ws.zero_()
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
