@@ -19,7 +19,7 @@ from dispatch.kernels.gemv import DecodeConfig, moe_decode, moe_decode_torch
 from dispatch.kernels.quant_gemv import moe_decode_quant
 from dispatch.quant import quantize_experts
 from dispatch.reference import experts_reference
-from tests.test_gemv import FP32_TOL, make
+from tests.test_gemv import FP32_TOL, RANDOM, make, random_case
 
 CHAIN = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
 ONE = replace(CHAIN, fused=2)
@@ -37,14 +37,9 @@ def both(args, config=CHAIN, **kw):
 
 
 @settings(max_examples=25, deadline=None)
-@given(T=st.integers(1, 9), E=st.integers(1, 8), K=st.integers(1, 8), H=st.sampled_from([16, 40]),
-       I=st.sampled_from([16, 24, 32]), seed=st.integers(0, 2**16), skew=st.booleans(),
-       programs=st.sampled_from([1, 3, 1024]))
+@given(T=st.integers(1, 9), **RANDOM)
 def test_random_shapes_bitwise_the_chain(T, E, K, H, I, seed, skew, programs):  # noqa: E741
-    K = min(K, E)
-    x, w, ids, gu, dn = make(T, K, E, H, I, seed=seed)
-    if skew and E > K:  # crowd the rows onto a few experts, leave others empty
-        ids = torch.stack([torch.arange(K) + (t % 2) * (E - K) for t in range(T)])
+    x, w, ids, gu, dn = random_case(T, E, K, H, I, seed, skew)
     y = both((x, w, ids, gu, dn), replace(CHAIN, programs=programs))
     torch.testing.assert_close(y, experts_reference(x, w, ids, gu, dn), **FP32_TOL)
 

@@ -38,14 +38,25 @@ def check(args, **kw):
     return y
 
 
-@given(T=st.integers(0, 12), E=st.integers(1, 9), K=st.integers(1, 9), H=st.sampled_from([16, 40]),
-       I=st.sampled_from([16, 24, 32]), seed=st.integers(0, 2**16), skew=st.booleans(),
-       programs=st.sampled_from([1, 3, 1024]))
-def test_random_shapes_and_routings(T, E, K, H, I, seed, skew, programs):  # noqa: E741
+# random layers and routings (with T): programs=1, one program walks every (expert, tile) item; 3, items
+# dealt round-robin, unevenly; skew, most rows crowded onto a few experts
+RANDOM = dict(E=st.integers(1, 9), K=st.integers(1, 9), H=st.sampled_from([16, 40]), I=st.sampled_from([16, 24, 32]),
+              seed=st.integers(0, 2**16), skew=st.booleans(), programs=st.sampled_from([1, 3, 1024]))
+
+
+def random_case(T, E, K, H, I, seed, skew):  # noqa: E741
+    """``make`` for a RANDOM draw (K capped at E); with ``skew`` the rows crowd onto the first and
+    last experts, and the others get nothing."""
     K = min(K, E)
     x, w, ids, gu, dn = make(T, K, E, H, I, seed=seed)
-    if skew and T:  # crowd most rows onto the first few experts, leave others empty
-        ids = torch.stack([torch.arange(K) + (t % 2) * (E - K) for t in range(T)]) if E > K else ids
+    if skew and T and E > K:
+        ids = torch.stack([torch.arange(K) + (t % 2) * (E - K) for t in range(T)])
+    return x, w, ids, gu, dn
+
+
+@given(T=st.integers(0, 12), **RANDOM)
+def test_random_shapes_and_routings(T, E, K, H, I, seed, skew, programs):  # noqa: E741
+    x, w, ids, gu, dn = random_case(T, E, K, H, I, seed, skew)
     # programs=1: one program walks every (expert, tile) item; 3: items dealt round-robin, unevenly
     config = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1,
                           programs=programs)
