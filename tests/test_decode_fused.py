@@ -120,7 +120,8 @@ def test_counters_are_per_stream_and_grow():
     a = decode_fused.workspace(torch.device("cpu"), 10)
     assert a.dtype == torch.int32 and a.numel() >= 10 and not a.any()
     assert decode_fused.workspace(torch.device("cpu"), 10) is a
-    assert decode_fused.workspace(torch.device("cpu"), 5000).numel() >= 5000
+    big = decode_fused.workspace(torch.device("cpu"), 5000)
+    assert big.numel() >= 5000 and big is not a and any(w is a for w in decode_fused._outgrown)  # kept alive
 
 
 @pytest.mark.gpu

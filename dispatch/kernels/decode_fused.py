@@ -146,6 +146,7 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
 
 
 _workspaces: dict = {}  # (device, stream) -> int32 counters, zero between launches
+_outgrown: list = []  # workspaces replaced by larger ones
 
 
 def workspace(device: torch.device, n: int) -> torch.Tensor:
@@ -153,6 +154,8 @@ def workspace(device: torch.device, n: int) -> torch.Tensor:
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     ws = _workspaces.get((device, stream))
     if ws is None or ws.numel() < n:
+        if ws is not None:  # a CUDA graph captured with it may still replay: never free it
+            _outgrown.append(ws)
         ws = torch.zeros(max(256, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
         _workspaces[(device, stream)] = ws
     return ws
