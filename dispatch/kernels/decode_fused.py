@@ -27,7 +27,7 @@ replayed at the same time on two streams would share it too (replay them on thei
     lag 2:   U0 U1 | U2 D0 | U3 D1 | ... | U7 D5 | D6 D7      (Us: slot s's up items, Ds: its down items;
     lag 8:   U0 U1 ... U7 | D0 D1 ... D7                         a down item waits for its slot's Us)
 
-Launcher: :func:`decode_fused`; chosen by ``DecodeConfig.fused`` (the tuner measures both).
+Launcher: :func:`dispatch.kernels.gemv.run_decode` with ``DecodeConfig.fused`` (the tuner measures both).
 Twin: :func:`dispatch.kernels.gemv.moe_decode_torch`.
 """
 from __future__ import annotations
@@ -36,11 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dispatch.kernels import pdl
 from dispatch.kernels.gemv_kernels import _down_item, _expert_counts, _up_item
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
-from dispatch.kernels.quant_kernels import weight_operand
-from dispatch.kernels.tiles import DecodeConfig
 
 COUNTERS = tl.constexpr(2)  # ws[0]: the ticket, ws[1]: programs that have left; then a counter per slot, per H tile
 
@@ -159,42 +156,3 @@ def workspace(device: torch.device, n: int) -> torch.Tensor:
         ws = torch.zeros(max(256, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
         _workspaces[(device, stream)] = ws
     return ws
-
-
-def decode_fused(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None):
-    """y_TH of :func:`dispatch.kernels.gemv.moe_decode` in one launch (inputs already checked)."""
-    (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
-    sgu, sdn = shared if shared is not None else (None, None)
-    ns = 0 if sgu is None else sgu.shape[0] // 2 // I
-    if T == 0 or E == 0:
-        return torch.zeros(T, H, dtype=x_TH.dtype, device=x_TH.device)
-    if x_TH.stride(1) != 1:
-        x_TH = x_TH.contiguous()
-    gu, gs, gs_strides, g_const = weight_operand(gate_up_E2IH)
-    dn, ds, ds_strides, d_const = weight_operand(down_EHI)
-    if ns and (g_const["QUANT"] or d_const["QUANT"]):
-        raise ValueError("shared experts ride along with unquantized routed experts only")
-    sgu = gu if sgu is None else sgu if sgu.stride(1) == 1 else sgu.contiguous()
-    sdn = dn if sdn is None else sdn if sdn.stride(1) == 1 else sdn.contiguous()
-    N = T * (K + ns)
-    BLOCK_E = max(16, triton.next_power_of_2(E + ns))
-    CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
-    tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
-    items = min(E + ns, N) * (tiles_u + tiles_d)
-    ws = workspace(x_TH.device, COUNTERS.value + BLOCK_E + tiles_d)
-    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
-        ws.zero_()
-    h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
-    out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
-    y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
-    _fused_decode_kernel[(max(1, min(cfg.programs, items)),)](
-        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
-        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
-        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), sgu, sgu.stride(0), sdn, sdn.stride(0),
-        G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
-        D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
-        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
-        BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
-        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
-    return y_TH

@@ -33,16 +33,16 @@ Plain-PyTorch twin: :func:`moe_decode_torch`; naive per-token loop: :func:`decod
 from __future__ import annotations
 
 from dataclasses import astuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 import triton
 from torch.library import custom_op
 
-from dispatch.kernels import pdl, tiles
+from dispatch.kernels import decode_fused, pdl, tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
-from dispatch.kernels.decode_fused import decode_fused
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.quant_kernels import weight_operand
 from dispatch.kernels.tiles import DecodeConfig
@@ -116,11 +116,44 @@ def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConf
     """y_TH with tiles ``cfg`` (inputs already checked; the weights may be quantized): the three
     launches, or with ``cfg.fused`` the same items in one (:mod:`dispatch.kernels.decode_fused`)."""
     if cfg.fused:
-        return decode_fused(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
+        return _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared)
     ns = 0 if shared is None else shared[0].shape[0] // 2 // down_EHI.shape[2]
     out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
     # rows with an id outside [0, E) were never written: the combine selects them away
     return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype, extra=ns)
+
+
+class _Operands(NamedTuple):
+    """What both launch paths pass their kernels: x with a contiguous last dim, each weight as
+    :func:`~dispatch.kernels.quant_kernels.weight_operand` gives it, the shared weights (or stand-ins
+    never read), n shared experts, N routed rows, and the grouping's block sizes."""
+
+    x_TH: torch.Tensor
+    gate_up: tuple  # (weights or codes, scales, scale strides, constexprs)
+    down: tuple
+    sgu: torch.Tensor
+    sdn: torch.Tensor
+    ns: int
+    N: int
+    BLOCK_E: int
+    CHUNK_N: int
+
+
+def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared) -> _Operands:
+    (T, _), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
+    sgu, sdn = shared if shared is not None else (None, None)
+    ns = 0 if sgu is None else sgu.shape[0] // 2 // I
+    if x_TH.stride(1) != 1:  # the kernels read x, and the weights, along a contiguous last dim
+        x_TH = x_TH.contiguous()
+    gate_up, down = weight_operand(gate_up_E2IH), weight_operand(down_EHI)
+    if ns and (gate_up[3]["QUANT"] or down[3]["QUANT"]):
+        raise ValueError("shared experts ride along with unquantized routed experts only")
+    sgu = gate_up[0] if sgu is None else sgu if sgu.stride(1) == 1 else sgu.contiguous()  # never read without shared
+    sdn = down[0] if sdn is None else sdn if sdn.stride(1) == 1 else sdn.contiguous()
+    N = T * (K + ns)
+    BLOCK_E = max(16, triton.next_power_of_2(E + ns))
+    CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
+    return _Operands(x_TH, gate_up, down, sgu, sdn, ns, N, BLOCK_E, CHUNK_N)
 
 
 def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None) -> torch.Tensor:
@@ -131,37 +164,56 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     ``shared`` (checked, unquantized weights only): [T·(K + n), H], the n shared experts' rows after
     each token's K."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
-    sgu, sdn = shared if shared is not None else (None, None)
-    ns = 0 if sgu is None else sgu.shape[0] // 2 // I
     if T == 0 or E == 0:
+        ns = 0 if shared is None else shared[0].shape[0] // 2 // I
         return torch.zeros(T * (K + ns), H, dtype=torch.float32, device=x_TH.device)
-    if x_TH.stride(1) != 1:  # the kernels read x, and the weights, along a contiguous last dim
-        x_TH = x_TH.contiguous()
-    gu, gs, gs_strides, g_const = weight_operand(gate_up_E2IH)
-    dn, ds, ds_strides, d_const = weight_operand(down_EHI)
-    if ns and (g_const["QUANT"] or d_const["QUANT"]):
-        raise ValueError("shared experts ride along with unquantized routed experts only")
-    sgu = gu if sgu is None else sgu if sgu.stride(1) == 1 else sgu.contiguous()  # never read without shared
-    sdn = dn if sdn is None else sdn if sdn.stride(1) == 1 else sdn.contiguous()
-    N = T * (K + ns)
+    op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared)
+    (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
+    x_TH, sgu, sdn, ns, N = op.x_TH, op.sgu, op.sdn, op.ns, op.N
     slots = min(E + ns, N)  # at most this many distinct experts are used
-    BLOCK_E = max(16, triton.next_power_of_2(E + ns))
-    CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
         x_TH, ids_TK, gu, gs, h_NI, N, K, E, H, I,
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
         sgu, sgu.stride(0), **g_const,
-        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
+        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     _down_kernel[(cfg.grid(slots, triton.cdiv(H, cfg.block_ho)),)](
         h_NI, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         dn.stride(0), dn.stride(1), *ds_strides, h_NI.stride(0), out_NH.stride(0), sdn, sdn.stride(0), **d_const,
-        BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
+        BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     return out_NH
+
+
+def _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, shared) -> torch.Tensor:
+    """y_TH of the same items in one launch (:mod:`dispatch.kernels.decode_fused`; inputs already checked)."""
+    (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
+    if T == 0 or E == 0:
+        return torch.zeros(T, H, dtype=x_TH.dtype, device=x_TH.device)
+    op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared)
+    (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
+    x_TH, ns, N = op.x_TH, op.ns, op.N
+    tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
+    ws = decode_fused.workspace(x_TH.device, decode_fused.COUNTERS.value + op.BLOCK_E + tiles_d)
+    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
+        ws.zero_()
+    h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
+    out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
+    y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
+    decode_fused._fused_decode_kernel[(max(1, min(cfg.programs, min(E + ns, N) * (tiles_u + tiles_d))),)](
+        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
+        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
+        gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
+        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0),
+        G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
+        D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
+        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
+        BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
+        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
+    return y_TH
 
 
 _moe_decode_op = custom_op("dispatch::moe_decode", _moe_decode_impl, mutates_args=())
