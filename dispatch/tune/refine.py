@@ -50,21 +50,20 @@ def compile_jobs(presets, doc: dict, dtype, schemes=()) -> list[tuple]:
     return jobs
 
 
-def _runner(name, kind, scheme, T, dev, dtype, w):
-    """(weights, run(config=...) → y_TH) on the tuner's case for T: quantized, shared or routed."""
-    _, w, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, w)
-    if scheme:
-        qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
-        return w, functools.partial(moe_decode_quant, x_TH, weights_TK, ids_TK, qe)
+def _runner(name, kind, qe, T, dev, dtype, w):
+    """run(config=...) → y_TH on the tuner's case for T (weights ``w``): quantized (``qe``), shared or routed."""
+    _, _, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, w)
+    if qe is not None:
+        return functools.partial(moe_decode_quant, x_TH, weights_TK, ids_TK, qe)
     shared = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
-    return w, functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
+    return functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
 
 
 def refine_bucket(run, start, sms: int, timer, what: str):
     """The one-launch step from ``start`` → (best config, its µs, the start's µs); every candidate must
     give bitwise the start's output."""
     ref = run(config=start)
-    best, best_us = start, timer(lambda: run(config=start), start)
+    best, best_us = start, timer(functools.partial(run, config=start), start)
     start_us = best_us
     for cand in dict.fromkeys(decode_steps(start, sms)[-1](start)):
         if not torch.equal(run(config=cand), ref):
@@ -78,18 +77,19 @@ def refine_bucket(run, start, sms: int, timer, what: str):
 def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, log=print) -> dict:
     """{key: refined entry} for a preset's decode entries in ``doc`` (a table); buckets without a decode
     config, and entries the table lacks, are left as they are."""
-    c = PRESETS[name]
+    c, n = PRESETS[name], shared_rides_along(PRESETS[name])
     sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
-    out, w = {}, None
+    out, w = {}, make_case(name, 1, dev, dtype)[1]  # the preset's weights, the same for every T
     for key, kind, scheme in variants(name, dtype, schemes):
         old = doc["entries"].get(key)
         if not old:
             continue
+        qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme) if scheme else None  # once per scheme
         entry = {**old, "buckets": {T: dict(b) for T, b in old["buckets"].items()}}
         for T, b in entry["buckets"].items():
             if "decode" not in b:
                 continue
-            w, run = _runner(name, kind, scheme, int(T), dev, dtype, w)
+            run = _runner(name, kind, qe, int(T), dev, dtype, w)
             start = tiles.DecodeConfig(**b["decode"])
             best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}")
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
@@ -99,7 +99,7 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
                 f"programs={best.programs}")
         out[key] = entry
-    shared_key = tables.shape_key(c.E + shared_rides_along(c), c.H, c.I, c.K + shared_rides_along(c), dtype)
+    shared_key = tables.shape_key(c.E + n, c.H, c.I, c.K + n, dtype)
     main = out.get(tables.shape_key(c.E, c.H, c.I, c.K, dtype))
     if main and shared_key in out:  # the crossover compares decode with the shared expert inside
         for T, b in out[shared_key]["buckets"].items():
