@@ -7,12 +7,23 @@ import dispatch  # noqa: F401  (first: runtime decisions)
 from dispatch_book.bench import reads
 
 
-@pytest.mark.parametrize("n,programs,block", [(1, 1, 16), (1000, 3, 64), (4096, 4, 256), (5000, 7, 128)])
+@pytest.mark.parametrize("n,programs,block", [(1, 1, 16), (1000, 3, 64), (4096, 4, 256), (5000, 7, 128),
+                                              (1, 0, 16), (1000, 0, 64), (4096, 0, 256), (5000, 0, 1024)])
 def test_stream_read_sums_every_element_once(n, programs, block):
+    """A grid of ``programs`` strided readers, or (0 = ONE_PER_BLOCK) one program per block."""
     x = torch.arange(n, dtype=torch.float32).to(torch.float16) / 64  # exact in fp16 and in an fp32 sum
     parts = reads.stream_read(x, programs, block, warps=1, stages=1)
-    assert parts.shape == (programs,)
+    assert parts.shape == (programs or -(-n // block),)
     assert parts.sum().item() == x.double().sum().item()
+
+
+def test_same_bytes_read_streams_the_bytes_it_is_given():
+    """The race's plain read (``peaks.same_bytes_read``) is the one-program-per-block stream over
+    a buffer of that many bytes: one partial sum per 4096 elements."""
+    from dispatch_book.bench import peaks
+
+    parts = peaks.same_bytes_read(3 * 8192 + 10, torch.device("cpu"))()
+    assert parts.shape == (4,) and parts.sum().item() == 0.0  # ceil((3·8192 + 10) / 2 / 4096) blocks of zeros
 
 
 def test_stream_read_refuses_what_it_cannot_read():
@@ -22,6 +33,8 @@ def test_stream_read_refuses_what_it_cannot_read():
         reads.stream_read(torch.zeros(8, dtype=torch.int32), 2)
     with pytest.raises(ValueError, match="power of two"):
         reads.stream_read(torch.zeros(8), 2, block=100)
+    with pytest.raises(ValueError, match="ONE_PER_BLOCK"):
+        reads.stream_read(torch.zeros(8), -1)
 
 
 def test_measure_keeps_the_fastest_read(monkeypatch):
@@ -40,3 +53,24 @@ def test_measure_keeps_the_fastest_read(monkeypatch):
     assert (best["programs_per_sm"], best["block"], best["warps"], best["stages"]) == reads.CONFIGS[-1]
     assert rows[0]["contestants"]["torch_sum"]["median_ms"] == pytest.approx(10.0 - len(reads.CONFIGS) * 0.1)
     assert best["pct_read"] == pytest.approx(100 * 4096 / (best["median_ms"] * 1e-3) / 1e9)
+
+
+def test_read_ceiling_is_the_fastest_read(monkeypatch):
+    """``hbm_read`` is the faster of torch's sum and the best stream configuration; torch's sum
+    is kept beside it as its own row (fake clocks, CPU tensors)."""
+    from dispatch_book.bench import peaks
+
+    monkeypatch.setattr(peaks.torch, "ones", lambda n, **kw: torch.zeros(n, dtype=torch.float16))
+    monkeypatch.setattr(peaks.runtime, "num_sms", lambda dev: 2)
+    for sum_ms, stream_ms, winner in ((2.0, 1.0, "a streaming Triton read"), (0.5, 1.0, "x.sum")):
+        def timer(fn, sum_ms=sum_ms, stream_ms=stream_ms):
+            out = fn()
+            ms = sum_ms if out.dim() == 0 else stream_ms  # torch's sum returns a scalar, the stream partials
+            return {"median_ms": ms, "min_ms": ms, "max_ms": ms, "samples": 1}
+
+        monkeypatch.setattr(peaks.harness, "time_ms", timer)
+        read, torch_sum = peaks._read(1 << 14)
+        assert read["ceiling"] == "hbm_read" and read["what"].startswith(winner), read
+        assert read["GBps"] == pytest.approx((1 << 14) / (min(sum_ms, stream_ms) * 1e-3) / 1e9)
+        assert torch_sum["ceiling"] == "hbm_read_torch_sum"
+        assert torch_sum["GBps"] == pytest.approx((1 << 14) / (sum_ms * 1e-3) / 1e9)

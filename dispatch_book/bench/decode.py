@@ -11,7 +11,7 @@ policy's tiles, replayed from a CUDA graph; ``decode_wins`` says which path is f
 the decode/grouped crossover, measured), transformers' ``batched_mm`` and ``grouped_mm``
 (``OlmoeExperts`` holding our tensors), ``loop`` (the per-expert PyTorch loop of
 ``dispatch.reference``) and ``stream_graph``: a plain read of the same number of bytes, contiguous
-(``x.sum(dtype=float32)`` over a bf16 buffer, from a CUDA graph) — what streaming alone costs at this
+(``peaks.same_bytes_read``: a streaming Triton read, from a CUDA graph) — what streaming alone costs at this
 size, ramp and tail included (``stream_pct``: ours_graph's rate as % of it). The floor is the bytes of
 the distinct chosen experts over the GPU's HBM read bandwidth (``dispatch_book.bench.ceilings()``:
 measured on 4 GiB, else the datasheet).

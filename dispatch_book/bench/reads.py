@@ -2,12 +2,13 @@
 
     python -m dispatch_book.bench reads [--out results]
 
-The decode race (chapters 2 and 3) times, beside each small layer, a plain read of the bytes that
-layer reads (``peaks.same_bytes_read``: torch's ``x.sum``, the kernel of the ``hbm_read``
-ceiling). Torch's reduction is one convenient read, not the fastest: this suite times it against
-:func:`stream_read`, a Triton kernel that does nothing but stream a buffer (a grid of a few programs
-per SM, each summing strided blocks through a software-pipelined loop), the best of a small grid of
-launch configurations per size. Sizes: the expert bytes of one token (K experts × 3·H·I·2) of each
+:func:`stream_read` is a Triton kernel that does nothing but stream a buffer: a grid of a few
+programs per SM, each summing strided blocks through a software-pipelined loop, or one program per
+block (``ONE_PER_BLOCK``: short programs that the GPU's scheduler keeps many of in flight). The
+``hbm_read`` ceiling (``peaks``) is the fastest of torch's ``x.sum`` and these configurations over
+4 GiB, and the decode race times beside each small layer a plain read of the bytes that layer reads
+(``peaks.same_bytes_read``: this kernel). This suite times torch's reduction against the best of
+:data:`CONFIGS` per size. Sizes: the expert bytes of one token (K experts × 3·H·I·2) of each
 preset the race runs, and 1 GB. Timed as the race times its contestants (CUDA graph of 30 calls,
 replayed 7 times, median per call); % of the measured ``hbm_read`` ceiling. Rows →
 ``results/<gpu>/reads.json``.
@@ -25,8 +26,10 @@ from dispatch.config import PRESETS
 from dispatch_book import bench
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
+ONE_PER_BLOCK = 0  # programs per SM = 0: one program per block, each reading one block and leaving
 # (programs per SM, elements a load, warps, pipeline stages): the grid searched at every size
-CONFIGS = tuple((m, b, w, s) for m in (2, 4, 8) for b, w in ((2048, 4), (4096, 8)) for s in (1, 3))
+CONFIGS = tuple((m, b, w, s) for m in (2, 4, 8) for b, w in ((2048, 4), (4096, 8)) for s in (1, 3)) + \
+    tuple((ONE_PER_BLOCK, b, w, 1) for b, w in ((2048, 4), (4096, 4), (4096, 8)))
 
 
 @triton.jit
@@ -41,11 +44,13 @@ def _stream_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr)
 
 def stream_read(x: torch.Tensor, programs: int, block: int = 2048, warps: int = 4, stages: int = 3) -> torch.Tensor:
     """Read every element of the contiguous ``x`` once → the fp32 partial sums of ``programs`` programs
-    (their total is ``x.sum()`` up to rounding)."""
+    (their total is ``x.sum()`` up to rounding). ``programs`` = ``ONE_PER_BLOCK``: one per block."""
     if not isinstance(x, torch.Tensor) or not x.is_contiguous() or not x.is_floating_point():
         raise ValueError(f"x must be a contiguous floating tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    if programs < 1 or block < 16 or block & (block - 1):
-        raise ValueError(f"programs must be >= 1 and block a power of two >= 16, got {programs} and {block}")
+    if programs < 0 or block < 16 or block & (block - 1):
+        raise ValueError(f"programs must be >= 1 (or ONE_PER_BLOCK = 0) and block a power of two >= 16, "
+                         f"got {programs} and {block}")
+    programs = programs or max(1, triton.cdiv(x.numel(), block))
     out = torch.empty(programs, dtype=torch.float32, device=x.device)
     _stream_kernel[(programs,)](x.view(-1), out, x.numel(), BLOCK=block, STAGES=stages, num_warps=warps)
     return out
@@ -79,7 +84,7 @@ def best_stream(x: torch.Tensor, sms: int, timer) -> dict:
     """The fastest of :data:`CONFIGS` for :func:`stream_read` over x: its timing and its config."""
     best = None
     for m, b, w, s in CONFIGS:
-        t = timer(lambda m=m, b=b, w=w, s=s: stream_read(x, m * sms, b, w, s))
+        t = timer(lambda m=m, b=b, w=w, s=s: stream_read(x, m * sms, b, w, s))  # m = 0: one per block
         if best is None or t["median_ms"] < best["median_ms"]:
             best = {**t, "programs_per_sm": m, "block": b, "warps": w, "stages": s}
     return best
