@@ -36,7 +36,8 @@ CONFIGS = tuple((m, b, w, s) for m in (2, 4, 8) for b, w in ((2048, 4), (4096, 8
 def _stream_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     """Program p sums blocks p, p + G, p + 2G, ... of x in fp32 and writes its partial sum."""
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in tl.range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK, num_stages=STAGES):
+    start = tl.program_id(0).to(tl.int64) * BLOCK  # 64-bit offsets: the ceiling's buffer holds 2^31 elements
+    for i in tl.range(start, n, tl.num_programs(0).to(tl.int64) * BLOCK, num_stages=STAGES):
         offs = i + tl.arange(0, BLOCK)
         acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
