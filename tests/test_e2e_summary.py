@@ -1,5 +1,5 @@
 """Chapter 6's quoted numbers come from the recordings: hand-computed on a synthetic pair."""
-from dispatch_book.bench.e2e_summary import decode_kernel_numbers, step_numbers
+from dispatch_book.bench.e2e_summary import at_ceiling, decode_kernel_numbers, step_numbers
 
 KINDS = ("experts", "router", "attention", "projections (GEMV/GEMM)", "norms, rope, elementwise",
          "sampling", "launch gaps", "step", "kernels per step")
@@ -55,3 +55,15 @@ def test_decode_kernel_numbers_by_hand():
     assert (n["pdl_b1_base"], n["pdl_b1_x"]) == ("800", "1.02×") and "pdl_b64_x" not in n  # 820 / 800
     assert n["gemv_qkv_ours"] == "8.0 µs" and n["gemv_o_cublas"] == "10.0 µs"
     assert (n["attn_ours"], n["attn_sdpa"]) == ("10.1 µs", "18.8 µs")
+
+
+def test_at_ceiling_rescales_the_roofline_not_the_measurement():
+    """At a 25% higher read ceiling the roofline is 25% higher and the same tokens/s are 20% less of it."""
+    doc = {"read_gbps": 4000.0, "rows": [
+        {"contestant": "ours", "batch": 1, "decode_tok_s": 900.0, "roofline_tok_s": 1800.0, "pct_roofline": 50.0},
+        {"contestant": "hf", "batch": 1, "skipped": "no"}]}
+    new = at_ceiling(doc, 5000.0)
+    assert new["read_gbps"] == 5000.0 and new["rows"][1] == {"contestant": "hf", "batch": 1, "skipped": "no"}
+    r = new["rows"][0]
+    assert (r["decode_tok_s"], r["roofline_tok_s"], r["pct_roofline"]) == (900.0, 2250.0, 40.0)
+    assert doc["rows"][0]["pct_roofline"] == 50.0 and doc["read_gbps"] == 4000.0  # the recording is left as it was

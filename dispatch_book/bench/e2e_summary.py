@@ -4,6 +4,16 @@ OLMoE-1B-7B's published config (the one the benchmark builds), formatted as the 
 from __future__ import annotations
 
 
+def at_ceiling(doc: dict, read_gbps: float) -> dict:
+    """The e2e recording ``doc`` with its bandwidth rooflines (``read_gbps``, each row's ``roofline_tok_s``
+    and ``pct_roofline``) at another read ceiling, e.g. the GPU's measured one now: a roofline is the
+    step's bytes over the bandwidth, so it scales with it; the measured tokens/s do not change."""
+    scale = read_gbps / doc["read_gbps"]
+    rows = [dict(r, roofline_tok_s=r["roofline_tok_s"] * scale, pct_roofline=r["pct_roofline"] / scale)
+            if "roofline_tok_s" in r else r for r in doc["rows"]]
+    return {**doc, "read_gbps": read_gbps, "rows": rows}
+
+
 def step_numbers(doc: dict, pdoc: dict) -> dict[str, str]:
     """name → formatted value: the batch-1 step's bytes and read time, the profile's kinds of GPU
     time per step at batch 1 (µs in ``pdoc``), and the step time and share of the roofline at batch 1
