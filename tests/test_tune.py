@@ -98,7 +98,10 @@ def test_quant_search_on_the_interpreter(small_space, monkeypatch):
     assert set(entries) == {tables.shape_key(8, 64, 32, 2, f"float32+{q}") for q in ("int8-channel", "int8-group128")}
     w = search.make_case("tiny", 2, cpu, torch.float32)[1]
     for key, e in entries.items():
-        assert "crossover" not in e and set(e["buckets"]) == {"2", "8"}  # T = 128 > QUANT_MAX_T: not tuned
+        assert set(e["buckets"]) == {"2", "8"}  # T = 128 > QUANT_MAX_T: not tuned
+        # the weight-only grouped GEMM timed from GROUPED_MIN_T (8); its fake price (50) beats decode's (~100)
+        assert "grouped_us" not in e["buckets"]["2"] and e["buckets"]["8"]["grouped_us"] == 50.0
+        assert e["crossover"] == 2
         qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, key.split("+")[1])
         for b in e["buckets"].values():
             d = DecodeConfig(**b["decode"])
@@ -106,6 +109,7 @@ def test_quant_search_on_the_interpreter(small_space, monkeypatch):
             check_chunk("block_id", d.block_id, qe.down)
             assert (d.block_i, d.block_ho) == (16, 16) and b["decode_us"] <= b["decode_bf16_tiles_us"]
     assert any("decode int8-group128" in s for s in logs)
+    assert any("int8-channel: decode for T ≤ 2, grouped GEMM above" in s for s in logs)
     jobs = compile_jobs(["tiny"], (2, 8, 128), cpu, ("int8-channel",))
     assert {(j[1], j[2]) for j in jobs} == {(2, "decode:int8-channel"), (8, "decode:int8-channel")}
 

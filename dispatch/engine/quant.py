@@ -10,7 +10,8 @@ in the model's dtype (``MoEWeights`` whose expert tensors are zero-byte stand-in
 shapes only) and runs the routed experts as:
 
     CUDA (moe_path "auto" / "decode" / "triton")   ``quantized_forward``: the decode kernels up to
-                                                   64 tokens, the grouped GEMM above (fp8: sm_89+)
+                                                   the scheme's tuned crossover (64 without one), the
+                                                   grouped GEMM above (fp8: sm_89+)
     CPU, moe_path "torch" (the default)            the plain-PyTorch reference on the weights
                                                    dequantized once (codes × scales, in the model's
                                                    dtype): what the kernels compute, any scheme

@@ -2,8 +2,9 @@
 
 transformers 5's MoE blocks call ``block.experts(hidden_TH, ids_TK, weights_TK)`` (OLMoE, Mixtral,
 Qwen2/3-MoE, DeepSeek-V3 alike). :class:`QuantizedExpertsModule` answers that call with our kernels
-on the quantized codes: the decode kernels up to ``DECODE_MAX_TOKENS`` tokens, else the grouped GEMM
-(optionally fp8 w8a8). :func:`swap_experts` puts one in every MoE block of a model.
+on the quantized codes: the decode kernels up to the scheme's tuned crossover (``DECODE_MAX_TOKENS``
+without one), else the grouped GEMM (optionally fp8 w8a8, at every size). :func:`swap_experts` puts
+one in every MoE block of a model.
 """
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ from dispatch.quant.formats import QuantizedExperts
 
 def quantized_forward(experts: QuantizedExperts, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                       top_k_weights: torch.Tensor, *, w8a8: bool = False) -> torch.Tensor:
-    """y_TH of a transformers experts call, on the quantized kernels: the decode kernels up to
-    ``DECODE_MAX_TOKENS`` tokens (weight-only), else the grouped GEMM (w8a16, or fp8 w8a8)."""
+    """y_TH of a transformers experts call, on the quantized kernels: the decode kernels (weight-only)
+    up to the crossover of this shape and scheme (``tiles.decode_max_tokens``: the device's table, else
+    ``DECODE_MAX_TOKENS``), else the grouped GEMM (w8a16, or fp8 w8a8 at every size)."""
     from dispatch.kernels.quant_gemv import moe_decode_quant
     from dispatch.kernels.quant_grouped import moe_experts_quant
-    from dispatch.kernels.tiles import DECODE_MAX_TOKENS
+    from dispatch.kernels.tiles import decode_max_tokens
 
     w_TK = top_k_weights.float()
-    if hidden_states.shape[0] <= DECODE_MAX_TOKENS and not w8a8:
+    if not w8a8 and hidden_states.shape[0] <= decode_max_tokens(
+            top_k_index.shape[-1], experts.E, experts.H, experts.I, hidden_states.dtype, hidden_states.device,
+            experts.scheme):
         return moe_decode_quant(hidden_states, w_TK, top_k_index, experts)
     return moe_experts_quant(hidden_states, w_TK, top_k_index, experts, w8a8=w8a8)
 

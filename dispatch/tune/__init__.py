@@ -25,10 +25,11 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
 * **Quantized experts** (``--quant``, chapter 7, :mod:`dispatch.tune.quant_search`), instead of the
   above: the decode tiles for codes in each scheme, T ≤ 64, by the same descent started from the
   bf16 decode's tiles (what the launcher takes without an entry), plus a step of longer reduction
-  chunks; every candidate is shrunk to fit the scale blocks. Entries keyed 'bfloat16+<scheme>'.
+  chunks; every candidate is shrunk to fit the scale blocks; from 8 tokens also the weight-only
+  grouped GEMM, for the scheme's own crossover. Entries keyed 'bfloat16+<scheme>'.
   For fp8 schemes on sm_89+ also the w8a8 grouped GEMM (T ≥ 128): up and down tiles around the
-  launcher's default, then the whole path against the default; entries 'bfloat16+<scheme>+w8a8'.
-  No crossover of their own.
+  launcher's default, then the whole path against the default; entries 'bfloat16+<scheme>+w8a8'
+  (no crossover: w8a8 runs the grouped GEMM at every size).
 * **Shared expert riding along** (layers where ``moe.shared_rides_along``: DeepSeek-MoE): the decode
   tiles again, with the shared MLP inside the kernels as n = S / I more experts; entry keyed by
   E + n experts and K + n choices, which is what the launcher looks up for it.

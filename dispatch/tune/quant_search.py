@@ -3,13 +3,17 @@
 * **Decode** (T ≤ ``QUANT_MAX_T``): the coordinate descent of :mod:`dispatch.tune.search` started
   from the bf16 decode's tiles (what the launcher takes without an entry; at one token also from
   one-row FMA tiles, ``decode_starts``), plus a step of longer reduction chunks; every candidate
-  is shrunk to fit the scale blocks. Entry 'bfloat16+<scheme>'.
+  is shrunk to fit the scale blocks. From ``GROUPED_MIN_T`` tokens the weight-only grouped GEMM
+  (its default tiles) is timed too, and the entry's crossover is where it first beats the decode
+  path: a layer of codes changes paths where its own two paths cross, not where bf16's do (on an
+  H200, Qwen3-30B-A3B's int8 decode at 64 tokens took 1.4× the grouped GEMM's time).
+  Entry 'bfloat16+<scheme>'.
 * **Grouped w8a8** (fp8 schemes on sm_89+, T ≥ ``QUANT_GROUPED_MIN_T``): up and down tiles
   separately around the launcher's default (``default_quant_config``; its block_m, so the sort is
   the default's), each candidate checked against the default's output; then the whole path with
   the chosen pair against the default, the faster kept. Entry 'bfloat16+<scheme>+w8a8'.
 
-Neither has a crossover of its own: the quantized layer takes the unquantized one's.
+The w8a8 entries have no crossover: w8a8 runs the grouped GEMM at every size (``quant.quantized_forward``).
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.quant.formats import FP8
 from dispatch.reference import rel_err
-from dispatch.tune.search import TOLERANCE, _best, decode_starts, decode_steps, descend_from, make_case
+from dispatch.tune.search import (GROUPED_MIN_T, TOLERANCE, _best, crossover, decode_starts, decode_steps,
+                                  descend_from, make_case)
 
 QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
 QUANT_MAX_T = 64  # decode tiles tuned up to here
@@ -81,7 +86,17 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
                                            moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe),
                                            f"{name} T={T} {scheme}", dev, timer, log, fit=lambda c: fit_scales(c, qe))
     log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
-    return {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
+    out = {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
+    if T >= GROUPED_MIN_T:  # the weight-only grouped GEMM on the same codes: where the scheme's paths cross
+        def grouped():
+            return moe_experts_quant(x_TH, weights_TK, ids_TK, qe)
+
+        err = rel_err(grouped(), moe_experts_quant_torch(x_TH, weights_TK, ids_TK, qe))
+        if not err <= TOLERANCE:
+            raise AssertionError(f"{name} T={T} {scheme}: the w8a16 grouped GEMM is wrong (rel err {err:.3g})")
+        out["grouped_us"] = timer(grouped, ("grouped", scheme))
+        log(f"{name} T={T:5d} grouped {scheme} {out['grouped_us']:9.1f} us (default tiles)")
+    return out
 
 
 def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
@@ -133,6 +148,9 @@ def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
                 w = case[1]
                 buckets[str(T)] = tune(name, T, case, scheme, dev, timer, log)
             if buckets:
-                out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix))] = {
-                    "buckets": buckets}
+                entry = {"buckets": buckets}
+                if any("grouped_us" in b for b in buckets.values()) and not suffix:
+                    entry["crossover"] = crossover(buckets)
+                    log(f"{name} {scheme}: decode for T ≤ {entry['crossover']}, grouped GEMM above")
+                out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix))] = entry
     return out
