@@ -29,8 +29,16 @@ from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.quant.formats import FP8
 from dispatch.reference import rel_err
-from dispatch.tune.search import (GROUPED_MIN_T, TOLERANCE, _best, crossover, decode_starts, decode_steps,
-                                  descend_from, make_case)
+from dispatch.tune.search import (
+    GROUPED_MIN_T,
+    TOLERANCE,
+    _best,
+    crossover,
+    decode_starts,
+    decode_steps,
+    descend_from,
+    make_case,
+)
 
 QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
 QUANT_MAX_T = 64  # decode tiles tuned up to here
