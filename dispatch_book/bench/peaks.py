@@ -11,7 +11,7 @@ the GPU at hand:
   ``x.sum(dtype=torch.float32)`` and the streaming Triton read of :mod:`dispatch_book.bench.reads`
   in each of its launch configurations — the ceiling of a decode step, which reads weights and
   writes almost nothing (torch's sum is kept beside it as ``hbm_read_torch_sum``: on an H200 it
-  reads about 8% slower, a ceiling that once flattered every "% of read bandwidth" here);
+  reads about 7% slower, so as a ceiling it would flatter every "% of read bandwidth");
 * ``<dtype>_matmul``: a square 8192³ product through torch on random data, in the runtime's
   dtype (bf16 on sm_80+, fp16 below).
 """
@@ -96,7 +96,7 @@ def ceilings(gpu: str | None = None) -> dict:
 
 
 def measure(copy_bytes: int = 2 << 30, read_bytes: int = 4 << 30, n: int = 8192) -> list[dict]:
-    """The three ceilings of the current GPU, as results rows."""
+    """The three ceilings of the current GPU, as results rows, then torch's sum's read beside them."""
     if not torch.cuda.is_available():
         raise SystemExit("ceilings are measured on a CUDA GPU")
     read, torch_sum = _read(read_bytes)
