@@ -106,7 +106,7 @@ def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch
                      tile_ints: list[int]) -> torch.Tensor:
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     shared = None if shared_gate_up is None else (shared_gate_up, shared_down)
-    ns = 0 if shared is None else shared_gate_up.shape[0] // 2 // I
+    ns = n_shared(shared, I)
     cfg = DecodeConfig(*tile_ints) if tile_ints else \
         tiles.decode_config(T, K + ns, E + ns, H, I, x_TH.dtype, x_TH.device)
     return run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
@@ -117,10 +117,15 @@ def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConf
     launches, or with ``cfg.fused`` the same items in one (:mod:`dispatch.kernels.decode_fused`)."""
     if cfg.fused:
         return _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared)
-    ns = 0 if shared is None else shared[0].shape[0] // 2 // down_EHI.shape[2]
+    ns = n_shared(shared, down_EHI.shape[2])
     out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
     # rows with an id outside [0, E) were never written: the combine selects them away
     return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype, extra=ns)
+
+
+def n_shared(shared, I: int) -> int:  # noqa: E741
+    """n = S / I: how many experts of I columns the shared expert (shared_gate_up [2S, H], ...) rides as."""
+    return 0 if shared is None else shared[0].shape[0] // 2 // I
 
 
 class _Operands(NamedTuple):
@@ -142,7 +147,7 @@ class _Operands(NamedTuple):
 def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared) -> _Operands:
     (T, _), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     sgu, sdn = shared if shared is not None else (None, None)
-    ns = 0 if sgu is None else sgu.shape[0] // 2 // I
+    ns = n_shared(shared, I)
     if x_TH.stride(1) != 1:  # the kernels read x, and the weights, along a contiguous last dim
         x_TH = x_TH.contiguous()
     gate_up, down = weight_operand(gate_up_E2IH), weight_operand(down_EHI)
@@ -165,7 +170,7 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     each token's K."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     if T == 0 or E == 0:
-        ns = 0 if shared is None else shared[0].shape[0] // 2 // I
+        ns = n_shared(shared, I)
         return torch.zeros(T * (K + ns), H, dtype=torch.float32, device=x_TH.device)
     op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared)
     (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down

@@ -99,7 +99,7 @@ def measure(copy_bytes: int = 2 << 30, read_bytes: int = 4 << 30, n: int = 8192)
     """The three ceilings of the current GPU, as results rows, then torch's sum's read beside them."""
     if not torch.cuda.is_available():
         raise SystemExit("ceilings are measured on a CUDA GPU")
-    read, torch_sum = _read(read_bytes)
+    read, torch_sum = read_rows(read_bytes)
     return [_copy(copy_bytes), read, _matmul(n), torch_sum]
 
 
@@ -111,7 +111,7 @@ def _copy(nbytes: int) -> dict:
             "bytes": 2 * nbytes, **t, "GBps": 2 * nbytes / (t["median_ms"] * 1e-3) / 1e9}
 
 
-def _read(nbytes: int) -> tuple[dict, dict]:
+def read_rows(nbytes: int) -> tuple[dict, dict]:
     """(the ``hbm_read`` row: the fastest read of a bf16 buffer of ``nbytes``, torch's sum's row)."""
     from dispatch_book.bench import reads
 
@@ -123,8 +123,7 @@ def _read(nbytes: int) -> tuple[dict, dict]:
                  "bytes read", "bytes": nbytes, **t_sum, "GBps": gbps(t_sum)}
     if t_sum["median_ms"] <= best["median_ms"]:
         return {**torch_sum, "ceiling": "hbm_read"}, torch_sum
-    m = best["programs_per_sm"]
-    grid = "one program per block" if m == reads.ONE_PER_BLOCK else f"{m} programs per SM"
+    grid = reads.grid_name(best["programs_per_sm"])
     return {"ceiling": "hbm_read", "what": f"a streaming Triton read (reads.stream_read: {grid}, {best['block']} "
             f"elements a load, {best['warps']} warps, {best['stages']} stages; the fastest of torch's sum and "
             f"{len(reads.CONFIGS)} configurations) over a bf16 buffer; bytes read", "bytes": nbytes,

@@ -32,6 +32,11 @@ CONFIGS = tuple((m, b, w, s) for m in (2, 4, 8) for b, w in ((2048, 4), (4096, 8
     tuple((ONE_PER_BLOCK, b, w, 1) for b, w in ((2048, 4), (4096, 4), (4096, 8)))
 
 
+def grid_name(programs_per_sm: int) -> str:
+    """How a configuration of :data:`CONFIGS` launches: 'one program per block' or 'N programs per SM'."""
+    return "one program per block" if programs_per_sm == ONE_PER_BLOCK else f"{programs_per_sm} programs per SM"
+
+
 @triton.jit
 def _stream_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     """Program p sums blocks p, p + G, p + 2G, ... of x in fp32 and writes its partial sum."""
