@@ -344,7 +344,10 @@ def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monke
     jobs = refine.compile_jobs(["tiny", "tiny-shared"], tiny_table, torch.float32, ("int8-channel",))
     assert {(n, T, k) for n, T, k, _ in jobs} >= {("tiny", 2, "decode"), ("tiny", 2, "decode:int8-channel"),
                                                   ("tiny-shared", 2, "decode"), ("tiny-shared", 2, "decode_shared")}
-    assert all(c.fused == 1 for *_, cands in jobs for c in cands) and {T for _, T, *_ in jobs} == {2, 8}
+    assert {T for _, T, *_ in jobs} == {2, 8}
+    for *_, cands in jobs:  # the start in one launch, then the down step's tiles (three launches)
+        assert cands[0].fused == 1 and {(c.block_ho, c.block_id) for c in cands[1:]} == set(search.DECODE_DOWN)
+    assert {T for _, T, *_ in refine.compile_jobs(["tiny"], tiny_table, torch.float32, tokens={8})} == {8}
     for name, schemes in (("tiny", ("int8-channel",)), ("tiny-shared", ())):
         out = refine.refine_preset(name, tiny_table, cpu, torch.float32, schemes, timer=price, log=lambda s: None)
         assert len(out) == 2  # routed + int8, routed + shared
@@ -366,6 +369,45 @@ def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monke
     for e in slower.values():
         for b in e["buckets"].values():
             assert "decode" not in b or DecodeConfig(**b["decode"]).fused == 0
+
+
+def test_refine_takes_faster_down_tiles_then_one_launch(tiny_table):
+    """The down step first: a faster down tile (within tolerance of the start) replaces the start's, and
+    the one-launch step then starts from it; ``tokens`` leaves the other buckets as they were."""
+    from dispatch.tune import refine
+
+    wide = search.DECODE_DOWN[-1]
+
+    def price(fn, c):
+        fn()
+        return 100.0 - 30.0 * ((c.block_ho, c.block_id) == wide) - 20.0 * (c.fused > 0)
+
+    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, timer=price,
+                               log=lambda s: None, tokens={2})
+    b = out[tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]
+    d = DecodeConfig(**b["2"]["decode"])
+    assert (d.block_ho, d.block_id) == wide and d.fused > 0 and b["2"]["refined_us"] == 50.0
+    assert b["8"] == tiny_table["entries"][tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]["8"]
+
+
+def test_refine_gives_a_quantized_entry_its_crossover(tiny_table):
+    """A quantized entry's grouped time is measured beside its decode time from GROUPED_MIN_T tokens;
+    the crossover is where the grouped GEMM first wins, on this run's two times."""
+    from dispatch.tune import refine
+
+    key = tables.shape_key(8, 64, 32, 2, "torch.float32+int8-channel")
+    d = tiles.as_dict(tiles.INTERPRET_DECODE)
+    tiny_table["entries"][key] = {"buckets": {"2": {"decode": d}, "8": {"decode": d}, "32": {"decode": d}}}
+
+    def price(fn, c):
+        fn()
+        return 60.0 if c == ("grouped", "int8-channel") else 80.0  # grouped faster from 8 tokens
+
+    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, ("int8-channel",),
+                               timer=price, log=lambda s: None)
+    e = out[key]
+    assert e["crossover"] == 2 and "grouped_us" not in e["buckets"]["2"]
+    assert e["buckets"]["8"]["grouped_us"] == 60.0 and e["buckets"]["8"]["decode_us"] == 80.0
 
 
 def test_refine_refuses_a_one_launch_that_is_not_bitwise(tiny_table, monkeypatch):

@@ -2,7 +2,7 @@
 
     python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
     python -m dispatch.tune --preset all --quant int8-channel,fp8-channel   (quantized experts only)
-    python -m dispatch.tune --preset all --refine [--quant ...]   (the one-launch step from the table's configs)
+    python -m dispatch.tune --preset all --refine [--quant ...]   (the last steps from the table's configs)
 
 Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 16384), on one routing
 (softmax top-K of random logits, seeded), timed under CUDA-graph replay (median of several replays):
@@ -66,8 +66,9 @@ def main(argv=None) -> None:
                    "bucket by bucket")
     p.add_argument("--quant", default="", help="instead: experts quantized in these schemes (comma-separated, "
                    "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64, fp8's w8a8 grouped tiles for T ≥ 128")
-    p.add_argument("--refine", action="store_true", help="instead: only the one-launch step from the table's "
-                   "decode configs (bf16, shared, and the --quant schemes' entries; dispatch.tune.refine)")
+    p.add_argument("--refine", action="store_true", help="instead: the down-tile and one-launch steps from the "
+                   "table's decode configs (bf16, shared, the --quant schemes' entries; --tokens: those buckets "
+                   "only; dispatch.tune.refine)")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)
@@ -82,12 +83,13 @@ def main(argv=None) -> None:
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
     tokens = sorted(int(t) for t in a.tokens.split(","))
+    refine_tokens = set(tokens) if a.tokens != p.get_default("tokens") else None  # --refine: every bucket
     dev, dtype = torch.device("cuda"), runtime.compute_dtype()
     name = runtime.device_name(dev)
     out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
     t0 = dt.datetime.now()
     doc = tables.load_file(out) or {"entries": {}}
-    jobs = refine.compile_jobs(presets, doc, dtype, schemes) if a.refine else \
+    jobs = refine.compile_jobs(presets, doc, dtype, schemes, refine_tokens) if a.refine else \
         compile_jobs(presets, tokens, dev, schemes)
     workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])
     if workers < a.workers:
@@ -102,7 +104,7 @@ def main(argv=None) -> None:
         for preset in presets:
             if a.refine:
                 doc["entries"].update(refine.refine_preset(preset, doc, dev, dtype, schemes,
-                                                           log=lambda s: print(s, flush=True)))
+                                                           log=lambda s: print(s, flush=True), tokens=refine_tokens))
             else:
                 for key, e in tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
                                           schemes=schemes).items():

@@ -1,16 +1,20 @@
-"""Refine a table's decode entries with the one-launch step, without tuning them again from the start.
+"""Refine a table's decode entries with the last steps of the descent, without tuning them again from the start.
 
-    python -m dispatch.tune --preset all --refine [--quant int8-channel,fp8-block128,fp8-channel]
+    python -m dispatch.tune --preset all --refine [--quant int8-channel,fp8-block128,fp8-channel] [--tokens 1,8]
 
 For every decode bucket of the table (the bf16 entry, the shared-expert entry where one rides along,
-and with ``--quant`` those schemes' entries), the bucket's config is the start and the descent's
-last step (:func:`dispatch.tune.search.decode_steps`: the same tiles in one launch,
-:mod:`dispatch.kernels.decode_fused`, over lags and grid sizes) runs from it. That is the step a
-full ``python -m dispatch.tune`` takes last, from the same kind of start. A candidate must give
-*bitwise* the start's output (the chain's item bodies in another order) and replaces it only when
-measured faster. The bucket's ``decode_us`` stays in the tuning run's frame, scaled by the ratio
-measured here (``refined_us`` / ``refined_from_us``, both kept), so that the recomputed crossover
-compares it with the same run's grouped time (decode may now win at larger T).
+and with ``--quant`` those schemes' entries; with ``--tokens``, those buckets only), the bucket's
+config is the start and two steps of the descent (:func:`dispatch.tune.search.decode_steps`) run
+from it: the down tiles (``DECODE_DOWN``, which grew 128-row tiles after the H200 table was tuned;
+a candidate must agree with the start's output within ``TOLERANCE``: another I chunk rounds
+differently), then the same tiles in one launch (:mod:`dispatch.kernels.decode_fused`, over lags and
+grid sizes; a candidate must give *bitwise* the chain's output with those tiles). A candidate
+replaces the best only when measured faster. The bucket's ``decode_us`` stays in the tuning run's
+frame, scaled by the ratio measured here (``refined_us`` / ``refined_from_us``, both kept), so that
+the recomputed crossover compares it with the same run's grouped time (decode may now win at larger T).
+A quantized entry has no grouped time from its tuning run: from ``GROUPED_MIN_T`` tokens the
+weight-only grouped GEMM on the same codes is timed here (default tiles, checked against its twin),
+beside this run's decode time, and the entry gets its crossover from them.
 """
 from __future__ import annotations
 
@@ -23,9 +27,11 @@ from dispatch import quant, tables
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import moe_decode_quant
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
+from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.moe import shared_rides_along
-from dispatch.tune.search import crossover, decode_steps, graph_us, make_case
+from dispatch.reference import rel_err
+from dispatch.tune.search import GROUPED_MIN_T, TOLERANCE, crossover, decode_steps, graph_us, make_case
 
 
 def variants(name: str, dtype, schemes=()) -> list[tuple[str, str, str]]:
@@ -38,15 +44,17 @@ def variants(name: str, dtype, schemes=()) -> list[tuple[str, str, str]]:
     return out + [(tables.shape_key(c.E, c.H, c.I, c.K, tiles.quant_key(dtype, s)), "decode", s) for s in schemes]
 
 
-def compile_jobs(presets, doc: dict, dtype, schemes=()) -> list[tuple]:
-    """The one-launch kernel of every bucket to refine (one variant each: the grid and lag are not compiled in)."""
+def compile_jobs(presets, doc: dict, dtype, schemes=(), tokens=None) -> list[tuple]:
+    """The kernels of every bucket to refine (``tokens``: those buckets only): the down step's tiles,
+    and the one-launch kernel of the start (the grid and lag are not compiled in)."""
     jobs = []
     for name in presets:
         for key, kind, scheme in variants(name, dtype, schemes):
             for T, b in doc["entries"].get(key, {}).get("buckets", {}).items():
-                if "decode" in b:
+                if "decode" in b and (tokens is None or int(T) in tokens):
+                    start = tiles.DecodeConfig(**b["decode"])
                     jobs.append((name, int(T), f"{kind}:{scheme}" if scheme else kind,
-                                 [replace(tiles.DecodeConfig(**b["decode"]), fused=1)]))
+                                 [replace(start, fused=1), *decode_steps(start, 1)[1](start)]))
     return jobs
 
 
@@ -59,24 +67,44 @@ def _runner(name, kind, qe, T, dev, dtype, w):
     return functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
 
 
-def refine_bucket(run, start, sms: int, timer, what: str):
-    """The one-launch step from ``start`` → (best config, its µs, the start's µs); every candidate must
-    give bitwise the start's output."""
+def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c):
+    """From ``start``: the down step (each candidate through ``fit``, within TOLERANCE of the start's
+    output), then the one-launch step from the best (bitwise the chain with its tiles) → (best config,
+    its µs, the start's µs)."""
     ref = run(config=start)
     best, best_us = start, timer(functools.partial(run, config=start), start)
     start_us = best_us
-    for cand in dict.fromkeys(decode_steps(start, sms)[-1](start)):
-        if not torch.equal(run(config=cand), ref):
-            raise AssertionError(f"{what}: one launch {cand} is not bitwise the start's output")
+    steps = decode_steps(start, sms)
+    for cand in dict.fromkeys(fit(c) for c in steps[1](start)):
+        err = rel_err(run(config=cand), ref)
+        if not err <= TOLERANCE:
+            raise AssertionError(f"{what}: down tiles {cand} are wrong (rel err {err:.3g})")
+        us = timer(functools.partial(run, config=cand), cand)
+        if us < best_us:
+            best, best_us = cand, us
+    chain = run(config=replace(best, fused=0))
+    for cand in dict.fromkeys(steps[-1](best)):
+        if not torch.equal(run(config=cand), chain):
+            raise AssertionError(f"{what}: one launch {cand} is not bitwise the chain's output")
         us = timer(functools.partial(run, config=cand), cand)
         if us < best_us:
             best, best_us = cand, us
     return best, best_us, start_us
 
 
-def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, log=print) -> dict:
+def _grouped_us(name, qe, T, dev, dtype, w, timer, what) -> float:
+    """µs of the weight-only grouped GEMM on ``qe``'s codes (default tiles) on the tuner's case for T."""
+    _, _, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, w)
+    fn = functools.partial(moe_experts_quant, x_TH, weights_TK, ids_TK, qe)
+    err = rel_err(fn(), moe_experts_quant_torch(x_TH, weights_TK, ids_TK, qe))
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{what}: the w8a16 grouped GEMM is wrong (rel err {err:.3g})")
+    return timer(fn, ("grouped", qe.scheme))
+
+
+def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, log=print, tokens=None) -> dict:
     """{key: refined entry} for a preset's decode entries in ``doc`` (a table); buckets without a decode
-    config, and entries the table lacks, are left as they are."""
+    config (or not in ``tokens``), and entries the table lacks, are left as they are."""
     c, n = PRESETS[name], shared_rides_along(PRESETS[name])
     sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
     out, w = {}, make_case(name, 1, dev, dtype)[1]  # the preset's weights, the same for every T
@@ -87,17 +115,25 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
         qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme) if scheme else None  # once per scheme
         entry = {**old, "buckets": {T: dict(b) for T, b in old["buckets"].items()}}
         for T, b in entry["buckets"].items():
-            if "decode" not in b:
+            if "decode" not in b or (tokens is not None and int(T) not in tokens):
                 continue
             run = _runner(name, kind, qe, int(T), dev, dtype, w)
             start = tiles.DecodeConfig(**b["decode"])
-            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}")
+            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}",
+                                                    fit=(lambda c, q=qe: fit_scales(c, q)) if qe else (lambda c: c))
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
             # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it
             b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
                      refined_from_us=start_us, refined_us=best_us)
+            if qe is not None and int(T) >= GROUPED_MIN_T:  # both paths timed here: this run's frame
+                b.update(decode_us=best_us, grouped_us=_grouped_us(name, qe, int(T), dev, dtype, w, timer,
+                                                                   f"{key} T={T}"))
             log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
-                f"programs={best.programs}")
+                f"programs={best.programs} down {best.block_ho}x{best.block_id}"
+                + (f"  grouped {b['grouped_us']:8.1f} us" if "grouped_us" in b and qe is not None else ""))
+        if qe is not None and any("grouped_us" in b for b in entry["buckets"].values()):
+            entry["crossover"] = crossover(entry["buckets"])
+            log(f"{key}: decode for T ≤ {entry['crossover']}, grouped GEMM above")
         out[key] = entry
     shared_key = tables.shape_key(c.E + n, c.H, c.I, c.K + n, dtype)
     main = out.get(tables.shape_key(c.E, c.H, c.I, c.K, dtype))
