@@ -341,16 +341,18 @@ def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monke
 
     cpu = torch.device("cpu")
     price = lambda fn, c: (fn(), 100.0 - 60.0 * (c.fused > 0) * (c.programs == 16))[1]  # noqa: E731
-    jobs = refine.compile_jobs(["tiny", "tiny-shared"], tiny_table, torch.float32, ("int8-channel",))
-    assert {(n, T, k) for n, T, k, _ in jobs} >= {("tiny", 2, "decode"), ("tiny", 2, "decode:int8-channel"),
-                                                  ("tiny-shared", 2, "decode"), ("tiny-shared", 2, "decode_shared")}
+    jobs = refine.compile_jobs(["tiny", "tiny-shared"], tiny_table, torch.float32)
+    assert {(n, T, k) for n, T, k, _ in jobs} >= {("tiny", 2, "decode"), ("tiny-shared", 2, "decode"),
+                                                  ("tiny-shared", 2, "decode_shared")}
+    assert {k for *_, k, _ in refine.compile_jobs(["tiny"], tiny_table, torch.float32, ("int8-channel",))} \
+        == {"decode:int8-channel"}  # --quant: those schemes' entries instead
     assert {T for _, T, *_ in jobs} == {2, 8}
     for *_, cands in jobs:  # the start in one launch, then the down step's tiles (three launches)
         assert cands[0].fused == 1 and {(c.block_ho, c.block_id) for c in cands[1:]} == set(search.DECODE_DOWN)
     assert {T for _, T, *_ in refine.compile_jobs(["tiny"], tiny_table, torch.float32, tokens={8})} == {8}
-    for name, schemes in (("tiny", ("int8-channel",)), ("tiny-shared", ())):
+    for name, schemes in (("tiny", ("int8-channel",)), ("tiny", ()), ("tiny-shared", ())):
         out = refine.refine_preset(name, tiny_table, cpu, torch.float32, schemes, timer=price, log=lambda s: None)
-        assert len(out) == 2  # routed + int8, routed + shared
+        assert len(out) == (1 if schemes else 2 if name == "tiny-shared" else 1)  # int8; routed (+ shared)
         for key, e in out.items():
             for T, b in e["buckets"].items():
                 if "decode" in b:
@@ -388,6 +390,29 @@ def test_refine_takes_faster_down_tiles_then_one_launch(tiny_table):
     d = DecodeConfig(**b["2"]["decode"])
     assert (d.block_ho, d.block_id) == wide and d.fused > 0 and b["2"]["refined_us"] == 50.0
     assert b["8"] == tiny_table["entries"][tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]["8"]
+
+
+def test_refine_drops_down_tiles_that_fail_or_stray(tiny_table, monkeypatch):
+    """A down candidate that does not compile (too much shared memory) or strays beyond the tolerance is
+    dropped, loudly, as in a full descent; the rest of the bucket is refined."""
+    from dispatch.tune import refine
+
+    real, logs = refine.moe_decode, []
+    wide, stray = (32, 16), (16, 16)  # the start has (16, 32)
+    monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), wide, stray))
+
+    def flaky(*a, config, **kw):
+        if (config.block_ho, config.block_id) == wide:
+            raise RuntimeError("out of resource: shared memory")
+        y = real(*a, config=config, **kw)
+        return y * 1.5 if (config.block_ho, config.block_id) == stray else y
+
+    monkeypatch.setattr(refine, "moe_decode", flaky)
+    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, log=logs.append,
+                               timer=lambda fn, c: (fn(), 10.0 if (c.block_ho, c.block_id) in (wide, stray) else 50.0)[1])
+    d = DecodeConfig(**out[tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]["2"]["decode"])
+    assert (d.block_ho, d.block_id) not in (wide, stray)
+    assert any("failed (out of resource" in s for s in logs) and any("wrong (rel err" in s for s in logs)
 
 
 def test_refine_gives_a_quantized_entry_its_crossover(tiny_table):

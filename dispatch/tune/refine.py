@@ -2,8 +2,8 @@
 
     python -m dispatch.tune --preset all --refine [--quant int8-channel,fp8-block128,fp8-channel] [--tokens 1,8]
 
-For every decode bucket of the table (the bf16 entry, the shared-expert entry where one rides along,
-and with ``--quant`` those schemes' entries; with ``--tokens``, those buckets only), the bucket's
+For every decode bucket of the table (the bf16 entry and the shared-expert entry where one rides along;
+with ``--quant``, instead, those schemes' entries; with ``--tokens``, those buckets only), the bucket's
 config is the start and two steps of the descent (:func:`dispatch.tune.search.decode_steps`) run
 from it: the down tiles (``DECODE_DOWN``, which grew 128-row tiles after the H200 table was tuned;
 a candidate must agree with the start's output within ``TOLERANCE``: another I chunk rounds
@@ -31,17 +31,20 @@ from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.moe import shared_rides_along
 from dispatch.reference import rel_err
-from dispatch.tune.search import GROUPED_MIN_T, TOLERANCE, crossover, decode_steps, graph_us, make_case
+from dispatch.tune.search import GROUPED_MIN_T, TOLERANCE, _best, crossover, decode_steps, graph_us, make_case
 
 
 def variants(name: str, dtype, schemes=()) -> list[tuple[str, str, str]]:
-    """(table key, compile kind, scheme) of a preset's decode entries: bf16, shared, each scheme."""
+    """(table key, compile kind, scheme) of a preset's decode entries: bf16 and shared; with ``schemes``,
+    instead, each scheme's (as ``--quant`` means for a full tune)."""
     c = PRESETS[name]
+    if schemes:
+        return [(tables.shape_key(c.E, c.H, c.I, c.K, tiles.quant_key(dtype, s)), "decode", s) for s in schemes]
     n = shared_rides_along(c)
     out = [(tables.shape_key(c.E, c.H, c.I, c.K, dtype), "decode", "")]
     if n:
         out.append((tables.shape_key(c.E + n, c.H, c.I, c.K + n, dtype), "decode_shared", ""))
-    return out + [(tables.shape_key(c.E, c.H, c.I, c.K, tiles.quant_key(dtype, s)), "decode", s) for s in schemes]
+    return out
 
 
 def compile_jobs(presets, doc: dict, dtype, schemes=(), tokens=None) -> list[tuple]:
@@ -67,24 +70,30 @@ def _runner(name, kind, qe, T, dev, dtype, w):
     return functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
 
 
-def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c):
-    """From ``start``: the down step (each candidate through ``fit``, within TOLERANCE of the start's
-    output), then the one-launch step from the best (bitwise the chain with its tiles) → (best config,
-    its µs, the start's µs)."""
+def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=print):
+    """From ``start``: the down step (each candidate through ``fit``; one that fails or strays beyond
+    TOLERANCE of the start's output is dropped, as in a full descent), then the one-launch step from the
+    best (bitwise the chain with its tiles, else AssertionError) → (best config, its µs, the start's µs)."""
     ref = run(config=start)
     best, best_us = start, timer(functools.partial(run, config=start), start)
     start_us = best_us
     steps = decode_steps(start, sms)
-    for cand in dict.fromkeys(fit(c) for c in steps[1](start)):
-        err = rel_err(run(config=cand), ref)
-        if not err <= TOLERANCE:
-            raise AssertionError(f"{what}: down tiles {cand} are wrong (rel err {err:.3g})")
-        us = timer(functools.partial(run, config=cand), cand)
-        if us < best_us:
-            best, best_us = cand, us
+    cands = [c for c in dict.fromkeys(fit(c) for c in steps[1](start)) if c != start]
+    try:
+        cand, cand_us, _ = _best(cands, lambda c: run(config=c), ref, timer, log, f"{what} down") \
+            if cands else (start, start_us, None)
+    except RuntimeError:  # no down candidate compiled and agreed: the start's tiles stay
+        cand, cand_us = start, start_us
+    if cand_us < best_us:
+        best, best_us = cand, cand_us
     chain = run(config=replace(best, fused=0))
     for cand in dict.fromkeys(steps[-1](best)):
-        if not torch.equal(run(config=cand), chain):
+        try:
+            y = run(config=cand)
+        except Exception as e:  # noqa: BLE001 - a one launch that does not compile or fit is skipped, loudly
+            log(f"  {what} {cand}: failed ({str(e).splitlines()[0][:100] if str(e) else type(e).__name__})")
+            continue
+        if not torch.equal(y, chain):
             raise AssertionError(f"{what}: one launch {cand} is not bitwise the chain's output")
         us = timer(functools.partial(run, config=cand), cand)
         if us < best_us:
@@ -119,7 +128,7 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
                 continue
             run = _runner(name, kind, qe, int(T), dev, dtype, w)
             start = tiles.DecodeConfig(**b["decode"])
-            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}",
+            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log,
                                                     fit=(lambda c, q=qe: fit_scales(c, q)) if qe else (lambda c: c))
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
             # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it
