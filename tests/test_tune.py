@@ -408,8 +408,8 @@ def test_refine_drops_down_tiles_that_fail_or_stray(tiny_table, monkeypatch):
         return y * 1.5 if (config.block_ho, config.block_id) == stray else y
 
     monkeypatch.setattr(refine, "moe_decode", flaky)
-    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, log=logs.append,
-                               timer=lambda fn, c: (fn(), 10.0 if (c.block_ho, c.block_id) in (wide, stray) else 50.0)[1])
+    fast = lambda fn, c: (fn(), 10.0 if (c.block_ho, c.block_id) in (wide, stray) else 50.0)[1]  # noqa: E731
+    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, log=logs.append, timer=fast)
     d = DecodeConfig(**out[tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]["2"]["decode"])
     assert (d.block_ho, d.block_id) not in (wide, stray)
     assert any("failed (out of resource" in s for s in logs) and any("wrong (rel err" in s for s in logs)

@@ -67,8 +67,8 @@ def main(argv=None) -> None:
     p.add_argument("--quant", default="", help="instead: experts quantized in these schemes (comma-separated, "
                    "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64, fp8's w8a8 grouped tiles for T ≥ 128")
     p.add_argument("--refine", action="store_true", help="instead: the down-tile and one-launch steps from the "
-                   "table's decode configs (bf16 and shared; with --quant, those schemes' instead; --tokens: those buckets "
-                   "only; dispatch.tune.refine)")
+                   "table's decode configs (bf16 and shared; with --quant, those schemes' instead; --tokens: "
+                   "those buckets only; dispatch.tune.refine)")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)
