@@ -88,3 +88,20 @@ def test_the_shipped_h200_table_has_every_raced_preset():
     assert len(tuning.crossovers(doc, presets)) == 4
     rows = tuning.tuned_rows(doc, presets, (1, 8, 64, 256, 1024, 4096, 16384))
     assert len(rows) == 28 and all(r["tuned µs"] > 0 and r["heuristic µs"] > 0 for r in rows)
+
+
+def test_the_shipped_h200_crossovers_follow_their_own_times():
+    """Every crossover in the shipped table is the one its buckets' times give (``search.crossover``),
+    bf16 and quantized alike; a quantized entry with one timed its weight-only grouped GEMM from
+    GROUPED_MIN_T tokens beside its decode path."""
+    from dispatch.tune.search import GROUPED_MIN_T, crossover
+
+    entries = tables.load("h200")["entries"]
+    quantized = {k: e for k, e in entries.items() if "+" in k and "crossover" in e}
+    assert len(quantized) >= 9  # three schemes on OLMoE, Qwen3-30B-A3B and DeepSeek-MoE at least
+    for key, e in entries.items():
+        if "crossover" in e:
+            assert e["crossover"] == crossover(e["buckets"]), key
+    for key, e in quantized.items():
+        timed = [int(T) for T, b in e["buckets"].items() if "grouped_us" in b]
+        assert min(timed) == GROUPED_MIN_T and all("decode_us" in e["buckets"][str(T)] for T in timed), key
