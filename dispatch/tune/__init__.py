@@ -33,6 +33,10 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
 * **Shared expert riding along** (layers where ``moe.shared_rides_along``: DeepSeek-MoE): the decode
   tiles again, with the shared MLP inside the kernels as n = S / I more experts; entry keyed by
   E + n experts and K + n choices, which is what the launcher looks up for it.
+* **Refine** (``--refine``, :mod:`dispatch.tune.refine`), instead of a descent: from each decode
+  bucket's config in the table, the down-tile step and the one-launch step, so that a grown search
+  space (the 128-row down tiles) reaches a table without re-tuning it; with ``--quant``, those
+  schemes' entries, their weight-only grouped GEMM timed beside them for the crossover.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
   the decode path serves T ≤ the last bucket before the grouped path first wins. With a shared
   expert riding along, as ``moe()`` runs them: decode with it inside against the grouped path plus
