@@ -15,6 +15,7 @@ is imported (on a machine without CUDA it would otherwise turn the interpreter o
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -50,9 +51,8 @@ def _check_compiled(fn) -> None:
                            "set before dispatch is imported")
 
 
-def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, num_warps: int = 8,
-                    num_stages: int = 3) -> dict:
-    """Compile ``fn`` for sm_<target> and summarise its TTGIR (counts, shared bytes, spills)."""
+def _compile(fn, signature: dict, constexprs: dict, target: int, num_warps: int, num_stages: int):
+    """``fn`` compiled for sm_<target> as a launch specialises it (Triton's CompiledKernel)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -60,8 +60,14 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
     names = list(signature)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] not in ("constexpr", "fp32")}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", target, 32 * (4 if target >= 90 else 1)),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(src, target=GPUTarget("cuda", target, 32 * (4 if target >= 90 else 1)),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, num_warps: int = 8,
+                    num_stages: int = 3) -> dict:
+    """Compile ``fn`` for sm_<target> and summarise its TTGIR (counts, shared bytes, spills)."""
+    c = _compile(fn, signature, constexprs, target, num_warps, num_stages)
     ttgir, ptx = c.asm["ttgir"], c.asm["ptx"]
     return {"async_copies": ttgir.count("async_copy_global_to_local") + ttgir.count("async_tma_copy"),
             "tma_copies": ttgir.count("async_tma_copy"),
@@ -123,6 +129,61 @@ def decode_conversions(target: int = 90) -> list[dict]:
         c = compile_offline(fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const,
                             target=target, num_warps=4)
         rows.append({"weights": weights, **{k: c[k] for k in ("cvt_scalar", "cvt_packed", "byte_permutes")}})
+    return rows
+
+
+def _sass(cubin: bytes) -> tuple[list[str], int]:
+    """(SASS lines, registers per thread) of a cubin, by the disassemblers Triton ships."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    return sass, int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def mma_loop(sass: list[str]) -> list[str]:
+    """The opcodes of the shortest loop (a backward branch to a label) that holds a tensor-core MMA:
+    the kernel's steady state, one iteration of its reduction loop."""
+    labels = {ln.strip()[:-1]: i for i, ln in enumerate(sass) if re.fullmatch(r"\s*\.L_x_\d+:\s*", ln)}
+    ops = [m.group(1).split(".")[0] if (m := re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
+                                                      ln)) else None for ln in sass]
+    loops = [ops[labels[m.group(1)]:j + 1] for j, ln in enumerate(sass)
+             if (m := re.search(r"BRA\s+`?\(?(\.L_x_\d+)", ln)) and labels.get(m.group(1), j) < j]
+    body = min((lp for lp in loops if {"HMMA", "HGMMA"} & set(lp)), key=len)
+    return [o for o in body if o]
+
+
+def decode_loop_mix(target: int = 90, block_i: int = 32, block_h: int = 128, warps: int = 4,
+                    stages: int = 4) -> list[dict]:
+    """The decode up kernel (16-row tiles, one scale per row) with bf16, int8 and fp8 weights compiled
+    for sm_<target>: its reduction loop's instructions (per warp and iteration, by opcode), the
+    weight bytes a warp streams per iteration, instructions per KiB of weights, registers a thread."""
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    from dispatch.kernels import gemv_kernels as gk
+
+    fn = gk._up_swiglu_kernel
+    _check_compiled(fn)
+    rows = []
+    for weights, wtype, size in (("bf16", "*bf16", 2), ("int8", "*i8", 1), ("fp8", "*fp8e4nv", 1)):
+        q = weights != "bf16"
+        const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
+                     BLOCK_E=64, CHUNK_N=16, NUM_STAGES=stages, PDL=False, NS=0)
+        c = _compile(fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const, target, warps, stages)
+        sass, regs = _sass(c.asm["cubin"])
+        loop = mma_loop(sass)
+        per_warp = 2 * block_h * block_i * size / warps  # gate and up tiles, shared by the warps
+        rows.append({"weights": weights, "loop_instructions": len(loop), "bytes_per_warp": per_warp,
+                     "per_kib": len(loop) * 1024 / per_warp, "registers": regs,
+                     "top": dict(collections.Counter(loop).most_common(6))})
     return rows
 
 
@@ -188,9 +249,11 @@ def main(argv=None) -> None:
     ap.add_argument("--json", action="store_true", help="one JSON list of the summaries instead of a table")
     ap.add_argument("--pdl", action="store_true", help="the decode step's kernels: their griddepcontrol counts")
     ap.add_argument("--decode", action="store_true", help="the decode up kernel: how it converts 8-bit weights")
+    ap.add_argument("--loop", action="store_true", help="the decode up kernel: its loop's SASS per KiB of weights")
     a = ap.parse_args(argv)
-    if a.pdl or a.decode:
-        print(json.dumps(decode_step_pdl(a.target) if a.pdl else decode_conversions(a.target)))
+    if a.pdl or a.decode or a.loop:
+        print(json.dumps(decode_step_pdl(a.target) if a.pdl else decode_conversions(a.target) if a.decode
+                         else decode_loop_mix(a.target)))
         return
     opts, rows = dict(target=a.target, num_warps=a.warps, num_stages=a.stages), []
     for kind in ("up", "down"):

@@ -139,3 +139,37 @@ print(json.dumps(out))
     got = json.loads(out.stdout.strip().splitlines()[-1])
     for kind in ("up", "down"):
         assert got[f"{kind} 2"] == got[f"{kind} 0"] and got[f"{kind} 0"][0] > 0 and not got[f"{kind} 0"][2], got
+
+
+def test_mma_loop_finds_the_innermost_loop_with_an_mma():
+    """On hand-written SASS: the shortest backward branch whose body holds an HMMA, predicates and
+    modifiers dropped, the outer loop and the loop without an MMA ignored."""
+    from dispatch_book.kernel_ir import mma_loop
+
+    sass = """.L_x_0:
+        /*0000*/                   IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDS.64 R2, [R3] ;
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0030*/              @!P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0040*/                   FADD R5, R5, R6 ;
+        /*0050*/               @P1 BRA `(.L_x_2) ;
+        /*0060*/                   BRA `(.L_x_0) ;""".splitlines()
+    assert mma_loop(sass) == ["LDS", "HMMA", "BRA"]
+
+
+def test_decode_loop_mix_counts_what_a_kib_of_codes_costs():
+    """The decode up kernel compiled for sm_90: its loop issues several times more instructions per KiB
+    of int8 or fp8 codes than per KiB of bf16 weights (the codes are converted before the MMA), and
+    holds at least as many registers a thread."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-m", "dispatch_book.kernel_ir", "--loop", "--target", "90"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["weights"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
+    assert set(rows) == {"bf16", "int8", "fp8"}
+    bf = rows["bf16"]
+    assert bf["top"].get("HMMA", 0) > 0 and bf["bytes_per_warp"] == 2 * rows["int8"]["bytes_per_warp"]
+    for w in ("int8", "fp8"):
+        assert rows[w]["per_kib"] > 3 * bf["per_kib"] and rows[w]["registers"] >= bf["registers"], rows[w]
