@@ -96,15 +96,21 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
     log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
     out = {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
     if T >= GROUPED_MIN_T:  # the weight-only grouped GEMM on the same codes: where the scheme's paths cross
-        def grouped():
-            return moe_experts_quant(x_TH, weights_TK, ids_TK, qe)
-
-        err = rel_err(grouped(), moe_experts_quant_torch(x_TH, weights_TK, ids_TK, qe))
-        if not err <= TOLERANCE:
-            raise AssertionError(f"{name} T={T} {scheme}: the w8a16 grouped GEMM is wrong (rel err {err:.3g})")
-        out["grouped_us"] = timer(grouped, ("grouped", scheme))
+        out["grouped_us"] = grouped_w8a16_us(x_TH, weights_TK, ids_TK, qe, timer, f"{name} T={T} {scheme}")
         log(f"{name} T={T:5d} grouped {scheme} {out['grouped_us']:9.1f} us (default tiles)")
     return out
+
+
+def grouped_w8a16_us(x_TH, weights_TK, ids_TK, qe, timer, what: str) -> float:
+    """µs of the weight-only grouped GEMM on ``qe``'s codes (the launcher's default tiles), checked
+    against its twin first: the other side of a quantized entry's crossover."""
+    def grouped():
+        return moe_experts_quant(x_TH, weights_TK, ids_TK, qe)
+
+    err = rel_err(grouped(), moe_experts_quant_torch(x_TH, weights_TK, ids_TK, qe))
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{what}: the w8a16 grouped GEMM is wrong (rel err {err:.3g})")
+    return timer(grouped, ("grouped", qe.scheme))
 
 
 def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:

@@ -28,10 +28,9 @@ from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
-from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.moe import shared_rides_along
-from dispatch.reference import rel_err
-from dispatch.tune.search import GROUPED_MIN_T, TOLERANCE, _best, crossover, decode_steps, graph_us, make_case
+from dispatch.tune.quant_search import grouped_w8a16_us
+from dispatch.tune.search import GROUPED_MIN_T, _best, crossover, decode_steps, graph_us, make_case
 
 
 def variants(name: str, dtype, schemes=()) -> list[tuple[str, str, str]]:
@@ -101,16 +100,6 @@ def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=p
     return best, best_us, start_us
 
 
-def _grouped_us(name, qe, T, dev, dtype, w, timer, what) -> float:
-    """µs of the weight-only grouped GEMM on ``qe``'s codes (default tiles) on the tuner's case for T."""
-    _, _, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, w)
-    fn = functools.partial(moe_experts_quant, x_TH, weights_TK, ids_TK, qe)
-    err = rel_err(fn(), moe_experts_quant_torch(x_TH, weights_TK, ids_TK, qe))
-    if not err <= TOLERANCE:
-        raise AssertionError(f"{what}: the w8a16 grouped GEMM is wrong (rel err {err:.3g})")
-    return timer(fn, ("grouped", qe.scheme))
-
-
 def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, log=print, tokens=None) -> dict:
     """{key: refined entry} for a preset's decode entries in ``doc`` (a table); buckets without a decode
     config (or not in ``tokens``), and entries the table lacks, are left as they are."""
@@ -135,8 +124,9 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
                      refined_from_us=start_us, refined_us=best_us)
             if qe is not None and int(T) >= GROUPED_MIN_T:  # both paths timed here: this run's frame
-                b.update(decode_us=best_us, grouped_us=_grouped_us(name, qe, int(T), dev, dtype, w, timer,
-                                                                   f"{key} T={T}"))
+                _, _, x_TH, weights_TK, ids_TK = make_case(name, int(T), dev, dtype, w)
+                b.update(decode_us=best_us, grouped_us=grouped_w8a16_us(x_TH, weights_TK, ids_TK, qe, timer,
+                                                                        f"{key} T={T}"))
             log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
                 f"programs={best.programs} down {best.block_ho}x{best.block_id}"
                 + (f"  grouped {b['grouped_us']:8.1f} us" if "grouped_us" in b and qe is not None else ""))
