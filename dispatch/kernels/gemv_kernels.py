@@ -109,47 +109,6 @@ def _tile_out(acc, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_rows(e, offs_i, gu_ptr, s_ge, s_gi, E, I, sgu_ptr, s_sgi, NS: tl.constexpr):
-    """Pointers [1, BLOCK_I] to expert e's gate rows ``offs_i`` (H contiguous), and to its up rows."""
-    base = gu_ptr + e.to(tl.int64) * s_ge  # the expert's gate rows; its up rows s_up further on
-    s_row, s_up = s_gi, I * s_gi
-    if NS > 0:  # shared expert E + j: rows j·I.. of the shared gate, S + j·I.. of its up (S = NS·I)
-        shared = e >= E
-        base = tl.where(shared, sgu_ptr + ((e - E) * I).to(tl.int64) * s_sgi, base)
-        s_row = tl.where(shared, s_sgi, s_row)
-        s_up = tl.where(shared, NS * I * s_sgi, s_up)
-    gate_ptr = base + offs_i[None, :] * s_row
-    return gate_ptr, gate_ptr + s_up
-
-
-@triton.jit
-def _swiglu_rows(x_row, valid_M, gate_ptr, up_ptr, s_e, offs_i, mask_i, H, I, s_sr, s_sc,
-                 SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """h [BLOCK_M, BLOCK_I] fp32 = silu(x @ gate.T) * (x @ up.T) of the rows ``x_row`` ([BLOCK_M, 1]
-    pointers) and the gate/up rows ``offs_i``, reduced over all of H; the tiles streamed once."""
-    acc_g = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
-    acc_u = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
-    for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        mask_h = offs_h < H
-        x_MH = tl.load(x_row + offs_h[None, :], mask=valid_M[:, None] & mask_h[None, :], other=0.0)
-        w_mask = mask_h[:, None] & mask_i[None, :]
-        g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
-        u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
-        sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-        su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-        acc_g = _tile_mac(x_MH, g_HI, sg_I, acc_g, BLOCK_M, QUANT, LATE_SCALE)
-        acc_u = _tile_mac(x_MH, u_HI, su_I, acc_u, BLOCK_M, QUANT, LATE_SCALE)
-    acc_g = _tile_out(acc_g, BLOCK_M)
-    acc_u = _tile_out(acc_u, BLOCK_M)
-    if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
-        acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-        acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-    return acc_g * tl.sigmoid(acc_g) * acc_u
-
-
-@triton.jit
 def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
              s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi,
              SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
@@ -162,25 +121,40 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
     s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
     offs_i = (item % tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask_i = offs_i < I
-    gate_ptr, up_ptr = _gate_up_rows(e, offs_i, gu_ptr, s_ge, s_gi, E, I, sgu_ptr, s_sgi, NS)
+    base = gu_ptr + e.to(tl.int64) * s_ge  # the expert's gate rows; its up rows s_up further on
+    s_row, s_up = s_gi, I * s_gi
+    if NS > 0:  # shared expert E + j: rows j·I.. of the shared gate, S + j·I.. of its up (S = NS·I)
+        shared = e >= E
+        base = tl.where(shared, sgu_ptr + ((e - E) * I).to(tl.int64) * s_sgi, base)
+        s_row = tl.where(shared, s_sgi, s_row)
+        s_up = tl.where(shared, NS * I * s_sgi, s_up)
+    gate_ptr = base + offs_i[None, :] * s_row  # [1, BLOCK_I], H contiguous
+    up_ptr = gate_ptr + s_up
     for m0 in range(0, count, BLOCK_M):  # BLOCK_M of the expert's rows at a time (one, mostly)
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
         x_row = x_ptr + (rows_M // (K + NS)).to(tl.int64)[:, None] * s_xt
-        h_MI = _swiglu_rows(x_row, valid_M, gate_ptr, up_ptr, s_e, offs_i, mask_i, H, I, s_sr, s_sc, SBR, SBC,
-                            QUANT, LATE_SCALE, BLOCK_M, BLOCK_I, BLOCK_H, NUM_STAGES)
+        acc_g = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
+        acc_u = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
+        for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            mask_h = offs_h < H
+            x_MH = tl.load(x_row + offs_h[None, :], mask=valid_M[:, None] & mask_h[None, :], other=0.0)
+            w_mask = mask_h[:, None] & mask_i[None, :]
+            g_HI = tl.load(gate_ptr + offs_h[:, None], mask=w_mask, other=0.0)  # [BLOCK_H, BLOCK_I]
+            u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
+            sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
+            su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
+            acc_g = _tile_mac(x_MH, g_HI, sg_I, acc_g, BLOCK_M, QUANT, LATE_SCALE)
+            acc_u = _tile_mac(x_MH, u_HI, su_I, acc_u, BLOCK_M, QUANT, LATE_SCALE)
+        acc_g = _tile_out(acc_g, BLOCK_M)
+        acc_u = _tile_out(acc_u, BLOCK_M)
+        if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
+            acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+            acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+        h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
         h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
         tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
     return slot
-
-
-@triton.jit
-def _down_rows(e, dn_ptr, s_de, s_dh, E, I, sdn_ptr, s_sdh, NS: tl.constexpr):
-    """(expert e's down [H, I], its row stride): I contiguous; a shared expert's columns of [H, S]."""
-    base, s_row = dn_ptr + e.to(tl.int64) * s_de, s_dh
-    if NS > 0:  # shared expert E + j: columns j·I .. of the shared down [H, S]
-        base = tl.where(e >= E, sdn_ptr + ((e - E) * I).to(tl.int64), base)
-        s_row = tl.where(e >= E, s_sdh, s_row)
-    return base, s_row
 
 
 @triton.jit
@@ -196,7 +170,10 @@ def _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_p
     s_e = ds_ptr + e.to(tl.int64) * s_se
     offs_o = (item % tiles) * BLOCK_HO + tl.arange(0, BLOCK_HO)
     mask_o = offs_o < H
-    base, s_row = _down_rows(e, dn_ptr, s_de, s_dh, E, I, sdn_ptr, s_sdh, NS)
+    base, s_row = dn_ptr + e.to(tl.int64) * s_de, s_dh  # the expert's [H, I], its row stride
+    if NS > 0:  # shared expert E + j: columns j·I .. of the shared down [H, S]
+        base = tl.where(e >= E, sdn_ptr + ((e - E) * I).to(tl.int64), base)
+        s_row = tl.where(e >= E, s_sdh, s_row)
     down_ptr = base + offs_o[None, :] * s_row  # [1, BLOCK_HO], I contiguous
     for m0 in range(0, count, BLOCK_M):
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
