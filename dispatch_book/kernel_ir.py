@@ -110,24 +110,33 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     return compile_offline(fn, sig, {k: v for k, v in const.items() if k in sig}, **opts)
 
 
-def decode_conversions(target: int = 90) -> list[dict]:
-    """The decode up kernel (chapter 3) with bf16, int8 and fp8 weights, one scale per row, compiled
-    for sm_<target>: how its PTX turns the weights into bf16 for the MMA — conversions of one value
-    an instruction, packed ones (two values), byte permutes."""
+# the decode up kernel's weight formats: (name, pointer type, bytes a weight)
+DECODE_WEIGHTS = (("bf16", "*bf16", 2), ("int8", "*i8", 1), ("fp8", "*fp8e4nv", 1))
+
+
+def _decode_up(weights: str, wtype: str, *, block_i: int = 32, block_h: int = 128, stages: int = 3):
+    """(kernel, signature, constexprs) of the decode up kernel (chapter 3) with 16-row tiles and
+    ``weights`` of pointer type ``wtype``; 8-bit codes with one scale per row."""
     os.environ.setdefault("TRITON_INTERPRET", "0")
     from dispatch.kernels import gemv_kernels as gk
 
     fn = gk._up_swiglu_kernel
     _check_compiled(fn)
+    q = weights != "bf16"
+    const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
+                 BLOCK_E=64, CHUNK_N=16, NUM_STAGES=stages, PDL=False, NS=0)
+    return fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const
+
+
+def decode_conversions(target: int = 90) -> list[dict]:
+    """The decode up kernel (chapter 3) with bf16, int8 and fp8 weights, one scale per row, compiled
+    for sm_<target>: how its PTX turns the weights into bf16 for the MMA — conversions of one value
+    an instruction, packed ones (two values), byte permutes."""
     rows = []
-    for weights, wtype in (("bf16", "*bf16"), ("int8", "*i8"), ("fp8", "*fp8e4nv")):
+    for weights, wtype, _ in DECODE_WEIGHTS:
         if weights == "fp8" and target < 89:
             continue  # no fp8 below sm_89
-        q = weights != "bf16"
-        const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=32, BLOCK_H=128,
-                     BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, PDL=False, NS=0)
-        c = compile_offline(fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const,
-                            target=target, num_warps=4)
+        c = compile_offline(*_decode_up(weights, wtype), target=target, num_warps=4)
         rows.append({"weights": weights, **{k: c[k] for k in ("cvt_scalar", "cvt_packed", "byte_permutes")}})
     return rows
 
@@ -167,17 +176,10 @@ def decode_loop_mix(target: int = 90, block_i: int = 32, block_h: int = 128, war
     """The decode up kernel (16-row tiles, one scale per row) with bf16, int8 and fp8 weights compiled
     for sm_<target>: its reduction loop's instructions (per warp and iteration, by opcode), the
     weight bytes a warp streams per iteration, instructions per KiB of weights, registers a thread."""
-    os.environ.setdefault("TRITON_INTERPRET", "0")
-    from dispatch.kernels import gemv_kernels as gk
-
-    fn = gk._up_swiglu_kernel
-    _check_compiled(fn)
     rows = []
-    for weights, wtype, size in (("bf16", "*bf16", 2), ("int8", "*i8", 1), ("fp8", "*fp8e4nv", 1)):
-        q = weights != "bf16"
-        const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
-                     BLOCK_E=64, CHUNK_N=16, NUM_STAGES=stages, PDL=False, NS=0)
-        c = _compile(fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const, target, warps, stages)
+    for weights, wtype, size in DECODE_WEIGHTS:
+        c = _compile(*_decode_up(weights, wtype, block_i=block_i, block_h=block_h, stages=stages), target,
+                     warps, stages)
         sass, regs = _sass(c.asm["cubin"])
         loop = mma_loop(sass)
         per_warp = 2 * block_h * block_i * size / warps  # gate and up tiles, shared by the warps

@@ -60,9 +60,9 @@ def compile_jobs(presets, doc: dict, dtype, schemes=(), tokens=None) -> list[tup
     return jobs
 
 
-def _runner(name, kind, qe, T, dev, dtype, w):
-    """run(config=...) → y_TH on the tuner's case for T (weights ``w``): quantized (``qe``), shared or routed."""
-    _, _, x_TH, weights_TK, ids_TK = make_case(name, T, dev, dtype, w)
+def _runner(kind, qe, case):
+    """run(config=...) → y_TH on the tuner's ``case`` (``make_case``'s): quantized (``qe``), shared or routed."""
+    _, w, x_TH, weights_TK, ids_TK = case
     if qe is not None:
         return functools.partial(moe_decode_quant, x_TH, weights_TK, ids_TK, qe)
     shared = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
@@ -85,7 +85,7 @@ def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=p
         cand, cand_us = start, start_us
     if cand_us < best_us:
         best, best_us = cand, cand_us
-    chain = run(config=replace(best, fused=0))
+    chain = ref if best is start and not start.fused else run(config=replace(best, fused=0))
     for cand in dict.fromkeys(steps[-1](best)):
         try:
             y = run(config=cand)
@@ -115,7 +115,8 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
         for T, b in entry["buckets"].items():
             if "decode" not in b or (tokens is not None and int(T) not in tokens):
                 continue
-            run = _runner(name, kind, qe, int(T), dev, dtype, w)
+            case = make_case(name, int(T), dev, dtype, w)
+            run = _runner(kind, qe, case)
             start = tiles.DecodeConfig(**b["decode"])
             best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log,
                                                     fit=(lambda c, q=qe: fit_scales(c, q)) if qe else (lambda c: c))
@@ -124,9 +125,7 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
                      refined_from_us=start_us, refined_us=best_us)
             if qe is not None and int(T) >= GROUPED_MIN_T:  # both paths timed here: this run's frame
-                _, _, x_TH, weights_TK, ids_TK = make_case(name, int(T), dev, dtype, w)
-                b.update(decode_us=best_us, grouped_us=grouped_w8a16_us(x_TH, weights_TK, ids_TK, qe, timer,
-                                                                        f"{key} T={T}"))
+                b.update(decode_us=best_us, grouped_us=grouped_w8a16_us(*case[2:], qe, timer, f"{key} T={T}"))
             log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
                 f"programs={best.programs} down {best.block_ho}x{best.block_id}"
                 + (f"  grouped {b['grouped_us']:8.1f} us" if "grouped_us" in b and qe is not None else ""))
