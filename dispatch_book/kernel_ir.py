@@ -123,7 +123,7 @@ def _decode_up(weights: str, wtype: str, *, block_i: int = 32, block_h: int = 12
     fn = gk._up_swiglu_kernel
     _check_compiled(fn)
     q = weights != "bf16"
-    const = dict(SBR=1, SBC=1 << 20, QUANT=q, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
+    const = dict(SBR=1, SBC=1 << 20, QUANT=q, W8A8=False, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
                  BLOCK_E=64, CHUNK_N=16, NUM_STAGES=stages, PDL=False, NS=0)
     return fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const
 
@@ -198,7 +198,8 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
     from dispatch.engine import attention, fused, fused_moe
     from dispatch.kernels import combine, dense_gemv, gemv_kernels, grouped_kernels, routing, sort
 
-    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, NS=0)
+    dec = dict(SBR=1, SBC=1, QUANT=False, W8A8=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16,
+               NUM_STAGES=3, NS=0)
     gemm = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, GROUP_M=8, SBR=1, SBC=1, QUANT=False,
                 W8A8=False, LATE_SCALE=False, WFIRST=False, TMA=False)
     return [

@@ -125,7 +125,8 @@ from dispatch.kernels import gemv_kernels as gk
 ptrs = dict(ids_ptr="*i32", gs_ptr="*fp32", ds_ptr="*fp32", out_ptr="*fp32", w_ptr="*fp32")
 out = {}
 for ns in (0, 2):
-    dec = dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3,
+    dec = dict(SBR=1, SBC=1, QUANT=False, W8A8=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16,
+               NUM_STAGES=3,
                NS=ns, PDL=False)
     for name, fn, c in (("up", gk._up_swiglu_kernel, dict(dec, BLOCK_I=32, BLOCK_H=256)),
                         ("down", gk._down_kernel, dict(dec, BLOCK_HO=32, BLOCK_I=128))):

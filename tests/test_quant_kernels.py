@@ -1,6 +1,6 @@
 """Quantized kernels (decode and grouped GEMM) against their twins and the reference layer.
 
-On CPU every path runs under Triton's interpreter (int8 and fp8 codes; fp8 w8a8 with the
+On CPU every path runs under Triton's interpreter (int8 and fp8 codes; fp8 w8a8, grouped and decode, with the
 activations pre-rounded to e4m3 in fp32, see ``quant_kernels._e4m3_round``); `-m gpu` runs the
 compiled kernels in bf16 (fp8 on sm_89+).
 """
@@ -89,6 +89,37 @@ def test_grouped_w8a8_matches_twin(scheme, T):
     assert rel(y, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
     # fp8 activations cost accuracy: still close to the weight-only result (a few % of the output)
     assert rel(y, reference(x, w, ids, qe)) < 0.08
+
+
+@pytest.mark.parametrize("scheme", ["fp8-channel", "fp8-block128"])
+@pytest.mark.parametrize("cfg", SHAPES, ids=["tiny", "odd"])
+@pytest.mark.parametrize("T,one_expert", [(1, False), (5, True), (20, False)])
+def test_decode_w8a8_matches_twin(scheme, cfg, T, one_expert):
+    """fp8 activations on the decode kernels: x and h quantized (per token and 128 columns, or per
+    token), the codes straight into the dot; the same layer as the grouped w8a8 path, rows > 16 of
+    one expert (T = 20) in two row blocks, all tokens to one expert, edges of the odd shape."""
+    x, w, ids, qe = case(cfg, T, scheme, seed=T + 11, one_expert=one_expert)
+    tiles_ = DecodeConfig(block_i=16, block_h=64, block_ho=16, block_id=32, num_stages=1)
+    y = moe_decode_quant(x, w, ids, qe, w8a8=True, config=tiles_)
+    assert rel(y, moe_decode_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
+    assert rel(y, moe_experts_quant(x, w, ids, qe, w8a8=True, config=GemmConfig(
+        block_m=16, block_n=32, block_k=128, num_stages=1))) < 1e-5
+    assert rel(y, reference(x, w, ids, qe)) < 0.08  # fp8 activations: a few % of the output
+
+
+def test_decode_w8a8_fits_its_tiles_and_refuses_what_cannot_run():
+    """Without a config the launcher's tiles go through fit_w8a8 (16 rows, chunks ≥ 32, three
+    launches); a given config that needs that is refused, naming it; int8 codes are refused."""
+    x, w, ids, qe = case(MoEConfig(128, 256, 4, 2), 3, "fp8-block128", seed=4)
+    y = moe_decode_quant(x, w, ids, qe, w8a8=True)
+    assert rel(y, moe_decode_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
+    for bad in (DecodeConfig(block_m=1, block_h=64, block_id=32), DecodeConfig(block_h=16, block_id=32),
+                DecodeConfig(block_h=64, block_id=32, fused=1)):
+        with pytest.raises(ValueError, match="w8a8 decode runs fp8 MMAs"):
+            moe_decode_quant(x, w, ids, qe, w8a8=True, config=bad)
+    x, w, ids, qe = case(SHAPES[0], 3, "int8-channel")
+    with pytest.raises(ValueError, match="w8a8 multiplies fp8 by fp8"):
+        moe_decode_quant(x, w, ids, qe, w8a8=True)
 
 
 def test_grouped_w8a8_takes_an_up_down_pair_of_tiles():
@@ -237,6 +268,10 @@ def test_gpu_quant_kernels(scheme, cfg, T):
         y8 = moe_experts_quant(x, w, ids, qe, w8a8=True)
         assert rel(y8, moe_experts_quant_torch(x, w, ids, qe, w8a8=True)) < 2e-2
         assert rel(y8, twin) < 0.08
+        if T <= 64:  # the decode kernels on fp8 activations: the same layer
+            y8d = moe_decode_quant(x, w, ids, qe, w8a8=True)
+            assert rel(y8d, moe_decode_quant_torch(x, w, ids, qe, w8a8=True)) < 2e-2
+            assert rel(y8d, twin) < 0.08
 
 
 def test_a_bad_fp8_conversion_setting_is_refused():

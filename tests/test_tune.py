@@ -115,8 +115,9 @@ def test_quant_search_on_the_interpreter(small_space, monkeypatch):
 
 
 def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
-    """--quant with an fp8 scheme: also the w8a8 grouped tiles from QUANT_GROUPED_MIN_T, up and down
-    each the cheapest by the fake price, on the default's block_m; the launcher reads them near T only."""
+    """--quant with an fp8 scheme: also its w8a8 entry: decode tiles on fp8 activations (16-row tiles,
+    three launches) and the w8a8 grouped tiles from QUANT_GROUPED_MIN_T, up and down each the cheapest
+    by the fake price, on the default's block_m; the launcher reads them near T only."""
     from dispatch.kernels.quant_grouped import default_quant_config
 
     monkeypatch.setattr(quant_search, "QUANT_GEMM", {"up": ((32, 32, 4, 1, 1), (16, 32, 4, 2, 1)),
@@ -128,9 +129,11 @@ def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
     assert set(entries) == {key} | {tables.shape_key(8, 64, 32, 2, f"float32+{q}")
                                     for q in ("fp8-channel", "int8-channel")}  # int8: no w8a8
     e = entries[key]
-    assert set(e["buckets"]) == {"128", "256"}
+    assert set(e["buckets"]) == {"2", "128", "256"} and "crossover" not in e  # no grouped time at T=2
+    d = DecodeConfig(**e["buckets"]["2"]["decode"])
+    assert d.block_m == 16 and d.fused == 0 and min(d.block_h, d.block_id) >= 32  # fit_w8a8
     bm = default_quant_config(128, 2, 8, cpu, True, True).block_m
-    for b in e["buckets"].values():
+    for b in (e["buckets"][T] for T in ("128", "256")):
         up, down = GemmConfig(**b["up"]), GemmConfig(**b["down"])
         assert up.block_m == down.block_m == bm and b["grouped_us"] <= b["grouped_default_us"]
         assert (up.block_n, up.num_stages, down.block_n) == (32, 1, 32)  # the fake price's cheapest
@@ -141,8 +144,9 @@ def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
     assert pair(200) == (GemmConfig(**e["buckets"]["256"]["up"]), GemmConfig(**e["buckets"]["256"]["down"]))
     assert pair(64) is not None and pair(16) is None  # 2× away at most
     jobs = compile_jobs(["tiny"], (2, 128), cpu, ("fp8-channel",))
-    assert {(j[1], j[2]) for j in jobs} == {(2, "decode:fp8-channel"), (16, "up:fp8-channel"),
-                                           (16, "down:fp8-channel")}
+    w8a8 = {(2, "decode:fp8-channel+w8a8"), (16, "up:fp8-channel"), (16, "down:fp8-channel")}
+    assert {(j[1], j[2]) for j in jobs} == {(2, "decode:fp8-channel")} | w8a8
+    assert {(j[1], j[2]) for j in compile_jobs(["tiny"], (2, 128), cpu, ("fp8-channel+w8a8",))} == w8a8
 
 
 def test_w8a8_spaces_fit_and_hold_the_default(monkeypatch):

@@ -116,15 +116,17 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
         up, item = _ticket_item(ticket, used, tiles_u, tiles_d, LAG)
         if up:
             slot = _up_item(item, tiles_u, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-                            s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, G_SBR, G_SBC,
-                            G_QUANT, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+                            s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, x_ptr, 0,
+                            G_SBR, G_SBC, G_QUANT, False, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N,
+                            NUM_STAGES, NS)
             tl.debug_barrier()  # every thread's h stores precede the release
             tl.atomic_add(slot_ptr + slot, 1, sem="release")
         else:
             _wait_for(slot_ptr + item // tiles_d, tiles_u)
             _down_item(item, tiles_d, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                        s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, sdn_ptr, s_sdh,
-                       D_SBR, D_SBC, D_QUANT, D_LATE, BLOCK_M, BLOCK_HO, BLOCK_ID, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+                       h_ptr, 0, D_SBR, D_SBC, D_QUANT, False, D_LATE, BLOCK_M, BLOCK_HO, BLOCK_ID, BLOCK_E, CHUNK_N,
+                       NUM_STAGES, NS)
             tl.debug_barrier()
             if tl.atomic_add(tile_ptr + item % tiles_d, 1, sem="acq_rel") == used - 1:  # the tile's last row
                 _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, item % tiles_d, s_it, s_ik, s_on, s_yt,

@@ -112,13 +112,15 @@ def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch
     return run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
 
 
-def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None) -> torch.Tensor:
+def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
+               act=None) -> torch.Tensor:
     """y_TH with tiles ``cfg`` (inputs already checked; the weights may be quantized): the three
-    launches, or with ``cfg.fused`` the same items in one (:mod:`dispatch.kernels.decode_fused`)."""
-    if cfg.fused:
+    launches, or with ``cfg.fused`` the same items in one (:mod:`dispatch.kernels.decode_fused`).
+    ``act``: fp8 activations (w8a8, :func:`decode_rows`; three launches only)."""
+    if cfg.fused and act is None:
         return _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared)
     ns = n_shared(shared, down_EHI.shape[2])
-    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
+    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared, act=act)
     # rows with an id outside [0, E) were never written: the combine selects them away
     return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype, extra=ns)
 
@@ -161,13 +163,15 @@ def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared) -> _Operands:
     return _Operands(x_TH, gate_up, down, sgu, sdn, ns, N, BLOCK_E, CHUNK_N)
 
 
-def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None) -> torch.Tensor:
+def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
+                act=None) -> torch.Tensor:
     """The first two launches of :func:`moe_decode` (inputs already checked): → out_NH [T·K, H] fp32,
     row t·K + k = weights_TK[t, k] · expert_{ids_TK[t, k]}(x_t); rows with an id outside [0, E) are left
     unwritten (expert parallelism sums them elsewhere, or never). The weights may be quantized
     (``dispatch.quant.QuantizedTensor``, block_h / block_id inside their scale blocks: chapter 7).
     ``shared`` (checked, unquantized weights only): [T·(K + n), H], the n shared experts' rows after
-    each token's K."""
+    each token's K. ``act(a, weight) → (fp8 codes, scales)`` (w8a8, fp8 weights, ``block_m`` ≥ 16):
+    x and h quantized before the kernel that multiplies them by ``weight``."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     if T == 0 or E == 0:
         ns = n_shared(shared, I)
@@ -178,16 +182,19 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     slots = min(E + ns, N)  # at most this many distinct experts are used
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
+    xq, xs = act(x_TH, gate_up_E2IH) if act else (x_TH, x_TH)  # no act: xs never read
     _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
-        x_TH, ids_TK, gu, gs, h_NI, N, K, E, H, I,
-        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
-        sgu, sgu.stride(0), **g_const,
+        xq, ids_TK, gu, gs, h_NI, N, K, E, H, I,
+        xq.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
+        sgu, sgu.stride(0), xs, xs.stride(0), W8A8=act is not None, **g_const,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
+    hq, hs = act(h_NI, down_EHI) if act else (h_NI, h_NI)
     _down_kernel[(cfg.grid(slots, triton.cdiv(H, cfg.block_ho)),)](
-        h_NI, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
+        hq, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        dn.stride(0), dn.stride(1), *ds_strides, h_NI.stride(0), out_NH.stride(0), sdn, sdn.stride(0), **d_const,
+        dn.stride(0), dn.stride(1), *ds_strides, hq.stride(0), out_NH.stride(0), sdn, sdn.stride(0),
+        hs, hs.stride(0), W8A8=act is not None, **d_const,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     return out_NH

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
-from dispatch.kernels.quant_kernels import _block_scales, _qdot, _qfma
+from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qdot, _qfma
 
 
 @triton.jit
@@ -91,12 +91,35 @@ def _tile_acc(BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _tile_mac(a, q, s_N, acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr):
-    """acc + a @ w for one reduction chunk: ``_qdot`` (tensor cores), or ``_qfma`` with one row."""
+def _tile_mac(a, s_M, q, s_N, acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
+              LATE_SCALE: tl.constexpr):
+    """acc + a @ w for one reduction chunk: ``_qdot`` (tensor cores; W8A8: fp8 codes a with scales
+    s_M), or ``_qfma`` with one row (never W8A8: the launcher pads to 16 rows)."""
     if BLOCK_M == 1:  # CUDA-core FMAs, no tensor-core padding of one row to 16
         acc = _qfma(a, q, s_N, acc, QUANT, LATE_SCALE)
     else:
-        acc = _qdot(a, 1.0, q, s_N, acc, QUANT, False, LATE_SCALE, False)
+        acc = _qdot(a, s_M, q, s_N, acc, QUANT, W8A8, LATE_SCALE, False)
+    return acc
+
+
+@triton.jit
+def _chunk_act_scales(as_ptr, rows, k0, mask, s_as, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr):
+    """W8A8 with block scales: each row's activation scale for the chunk at k0 (else 1s, unused)."""
+    if W8A8 and not LATE_SCALE:
+        s = _act_scales(as_ptr, rows, k0, mask, s_as, W8A8)
+    else:
+        s = _act_scales(as_ptr, rows, k0, mask, s_as, False)
+    return s
+
+
+@triton.jit
+def _late_scales(acc, s_ptr, cols, mask_c, s_sr, s_sc, SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr,
+                 as_ptr, rows, mask_r, s_as, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr):
+    """LATE_SCALE (one scale a weight row, one an activation row): both applied once, after the loop."""
+    if LATE_SCALE:
+        acc *= _block_scales(s_ptr, cols, 0, mask_c, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+        if W8A8:
+            acc *= _act_scales(as_ptr, rows, 0, mask_r, s_as, W8A8)[:, None]
     return acc
 
 
@@ -110,12 +133,13 @@ def _tile_out(acc, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-             s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi,
-             SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
+             s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs,
+             SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
              BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):
     """Up item (slot, I tile) = divmod(item, tiles): h_NI[rows of the slot's expert, the I tile] =
-    silu(x @ gate.T) * (x @ up.T); its gate/up rows streamed once. Returns the slot."""
+    silu(x @ gate.T) * (x @ up.T); its gate/up rows streamed once. W8A8: x holds fp8 codes, xs_ptr
+    their scales (per token, and per 128 columns unless LATE_SCALE). Returns the slot."""
     slot = item // tiles
     e, count = _slot_expert(count_E, slot_E, slot, BLOCK_E)
     s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
@@ -132,7 +156,8 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
     up_ptr = gate_ptr + s_up
     for m0 in range(0, count, BLOCK_M):  # BLOCK_M of the expert's rows at a time (one, mostly)
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
-        x_row = x_ptr + (rows_M // (K + NS)).to(tl.int64)[:, None] * s_xt
+        tok_M = rows_M // (K + NS)
+        x_row = x_ptr + tok_M.to(tl.int64)[:, None] * s_xt
         acc_g = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
         acc_u = _tile_acc(BLOCK_M, BLOCK_H, BLOCK_I)
         for h0 in tl.range(0, H, BLOCK_H, num_stages=NUM_STAGES):
@@ -144,13 +169,13 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
             u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
             sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
             su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-            acc_g = _tile_mac(x_MH, g_HI, sg_I, acc_g, BLOCK_M, QUANT, LATE_SCALE)
-            acc_u = _tile_mac(x_MH, u_HI, su_I, acc_u, BLOCK_M, QUANT, LATE_SCALE)
-        acc_g = _tile_out(acc_g, BLOCK_M)
-        acc_u = _tile_out(acc_u, BLOCK_M)
-        if LATE_SCALE:  # one scale per row: applied once, before the SwiGLU
-            acc_g *= _block_scales(s_e, offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-            acc_u *= _block_scales(s_e, I + offs_i, 0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+            sx_M = _chunk_act_scales(xs_ptr, tok_M, h0, valid_M, s_xs, W8A8, LATE_SCALE)
+            acc_g = _tile_mac(x_MH, sx_M, g_HI, sg_I, acc_g, BLOCK_M, QUANT, W8A8, LATE_SCALE)
+            acc_u = _tile_mac(x_MH, sx_M, u_HI, su_I, acc_u, BLOCK_M, QUANT, W8A8, LATE_SCALE)
+        acc_g = _late_scales(_tile_out(acc_g, BLOCK_M), s_e, offs_i, mask_i, s_sr, s_sc, SBR, SBC, QUANT,
+                             xs_ptr, tok_M, valid_M, s_xs, W8A8, LATE_SCALE)  # before the SwiGLU
+        acc_u = _late_scales(_tile_out(acc_u, BLOCK_M), s_e, I + offs_i, mask_i, s_sr, s_sc, SBR, SBC, QUANT,
+                             xs_ptr, tok_M, valid_M, s_xs, W8A8, LATE_SCALE)
         h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
         h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
         tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
@@ -159,13 +184,14 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
 
 @triton.jit
 def _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
-               s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh,
-               SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+               s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh, hs_ptr, s_hs,
+               SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
+               LATE_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):
     """Down item (slot, H tile) = divmod(item, tiles): out_NH[rows of the slot's expert, the H tile] =
     weight · (h @ down.T), fp32, all of I; its down rows streamed once. h is read from L2 (``.cg``):
-    in the one-launch path (:mod:`dispatch.kernels.decode_fused`) other programs of this kernel wrote it."""
+    in the one-launch path (:mod:`dispatch.kernels.decode_fused`) other programs of this kernel wrote it.
+    W8A8: h holds fp8 codes, hs_ptr their scales (per routed row, and per 128 columns unless LATE_SCALE)."""
     e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
     s_e = ds_ptr + e.to(tl.int64) * s_se
     offs_o = (item % tiles) * BLOCK_HO + tl.arange(0, BLOCK_HO)
@@ -188,18 +214,19 @@ def _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_p
                            cache_modifier=".cg")
             d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
             s_O = _block_scales(s_e, offs_o, i0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
-            acc = _tile_mac(h_MI, d_IO, s_O, acc, BLOCK_M, QUANT, LATE_SCALE)
-        acc = _tile_out(acc, BLOCK_M)
-        if LATE_SCALE:
-            acc *= _block_scales(s_e, offs_o, 0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
+            sh_M = _chunk_act_scales(hs_ptr, rows_M, i0, valid_M, s_hs, W8A8, LATE_SCALE)
+            acc = _tile_mac(h_MI, sh_M, d_IO, s_O, acc, BLOCK_M, QUANT, W8A8, LATE_SCALE)
+        acc = _late_scales(_tile_out(acc, BLOCK_M), s_e, offs_o, mask_o, s_sr, s_sc, SBR, SBC, QUANT,
+                           hs_ptr, rows_M, valid_M, s_hs, W8A8, LATE_SCALE)
         out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
         tl.store(out, acc * w_M.to(tl.float32)[:, None], mask=valid_M[:, None] & mask_o[None, :])
 
 
 @triton.jit
 def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-                      s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi,
-                      SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
+                      s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs,
+                      SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
+                      LATE_SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                       PDL: tl.constexpr, NS: tl.constexpr):
@@ -209,16 +236,16 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
     tiles = tl.cdiv(I, BLOCK_I)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
         _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-                 s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, SBR, SBC, QUANT,
-                 LATE_SCALE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+                 s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs, SBR, SBC,
+                 QUANT, W8A8, LATE_SCALE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
     pdl_exit(PDL)
 
 
 @triton.jit
 def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
-                 s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh,
-                 SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+                 s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh, hs_ptr, s_hs,
+                 SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
+                 LATE_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
                  NS: tl.constexpr):
     """Every down item; grid (G,): items (slot, H tile), slot-major; program p does items p, p + G, ..."""
@@ -227,6 +254,6 @@ def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
     tiles = tl.cdiv(H, BLOCK_HO)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
         _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
-                   s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh, SBR, SBC,
-                   QUANT, LATE_SCALE, BLOCK_M, BLOCK_HO, BLOCK_I, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+                   s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh, hs_ptr, s_hs,
+                   SBR, SBC, QUANT, W8A8, LATE_SCALE, BLOCK_M, BLOCK_HO, BLOCK_I, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
     pdl_exit(PDL)

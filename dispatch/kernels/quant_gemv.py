@@ -5,7 +5,11 @@ weight → combine in k order; three, or one with ``DecodeConfig.fused``) and th
 weight loads differ: each program streams 8-bit codes — half the bytes of bf16 — plus one fp32 scale
 per row and scale block, and multiplies them in: the same kernels with ``QUANT=True``
 (:mod:`dispatch.kernels.quant_kernels`). Weight-only (w8a16): activations stay in x's dtype, so the
-tensor cores run in bf16/fp16 (fp32 under the interpreter).
+tensor cores run in bf16/fp16 (fp32 under the interpreter), and every code is converted in
+registers before its MMA. ``w8a8`` (fp8 codes): x, and h between the two kernels, are quantized
+to fp8 too (``fp8_rows``: one scale per token and 128 columns, or per token for per-channel
+weights), and the codes go to the fp8 tensor cores as they are loaded — no conversion at all;
+16-row tiles only (``fit_w8a8``) and three launches plus the two quantizing ones.
 
 fp8 e4m3 codes need an sm_89+ GPU (Ada, Hopper) for Triton's conversions; int8 runs everywhere
 (a T4, and the CPU interpreter). Plain-PyTorch twin: :func:`moe_decode_quant_torch`.
@@ -20,6 +24,7 @@ from dispatch import runtime
 from dispatch.kernels import tiles
 from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.gemv import moe_decode_torch, run_decode
+from dispatch.kernels.quant_kernels import W8A8_GROUP, fp8_rows
 from dispatch.kernels.tiles import DecodeConfig
 from dispatch.quant.formats import FP8, QuantizedExperts, QuantizedTensor
 
@@ -39,6 +44,28 @@ def stand_ins(x_TH, qe) -> tuple[torch.Tensor, torch.Tensor]:
                          "use an int8 scheme")
     z = torch.zeros((), dtype=x_TH.dtype, device=x_TH.device)
     return z.expand(qe.gate_up.shape), z.expand(qe.down.shape)
+
+
+def check_w8a8(x_TH, experts: QuantizedExperts) -> None:
+    """Raise unless ``experts`` can multiply fp8 activations: fp8 codes, on sm_89+ (or the interpreter)."""
+    if experts.gate_up.q.dtype != FP8:
+        raise ValueError(f"w8a8 multiplies fp8 by fp8: it needs an fp8 scheme, got {experts.scheme}")
+    cap = runtime.capability(x_TH.device)
+    if cap is not None and cap < (8, 9):
+        raise ValueError(f"w8a8 needs fp8 tensor cores (sm_89+), this GPU is sm_{cap[0]}{cap[1]}")
+
+
+def fp8_act(a_MK: torch.Tensor, weight: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The w8a8 operand for ``weight``: a's fp8 codes and scales, per token and 128 columns, or per
+    token where the weight has one scale a row (then both scales come after the reduction)."""
+    return fp8_rows(a_MK, None if weight.per_row else W8A8_GROUP)
+
+
+def fit_w8a8(cfg: DecodeConfig) -> DecodeConfig:
+    """``cfg`` for w8a8 decode: 16-row tiles (fp8 MMAs; no one-row FMA path), reduction chunks of at
+    least 32 (an fp8 MMA's K), three launches (h is quantized between them)."""
+    return replace(cfg, block_m=max(16, cfg.block_m), block_h=max(32, cfg.block_h),
+                   block_id=max(32, cfg.block_id), fused=0)
 
 
 def _fits(block: int, t: QuantizedTensor) -> bool:
@@ -62,8 +89,8 @@ def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts) -> DecodeConfig:
     return replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down))
 
 
-def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, config: DecodeConfig | None = None,
-                     check_ids: bool = False) -> torch.Tensor:
+def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
+                     config: DecodeConfig | None = None, check_ids: bool = False) -> torch.Tensor:
     """:func:`dispatch.kernels.gemv.moe_decode` with quantized experts → y_TH [T, H] in x's dtype.
 
     ``experts`` from :func:`dispatch.quant.quantize_experts`, on x's device. ``config`` as for
@@ -71,23 +98,39 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, con
     for this scheme where ``python -m dispatch.tune --quant`` wrote them — the H200 table has
     int8-channel, fp8-block128 and fp8-channel for the four benchmark shapes — else the bf16
     decode's, tuned or heuristic, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
-    The kernels are the decode kernels of ``moe_decode`` with ``QUANT=True``.
+    ``w8a8`` (fp8 schemes, sm_89+): fp8 activations and fp8 tensor cores; the table's
+    '<scheme>+w8a8' decode tiles, else the weight-only ones, through :func:`fit_w8a8` (a given
+    ``config`` must already fit: 16-row tiles, chunks of ≥ 32, not fused).
+    The kernels are the decode kernels of ``moe_decode`` with ``QUANT=True`` (and ``W8A8``).
     """
     gu, dn = stand_ins(x_TH, experts)
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn, check_ids=check_ids)
     if config is not None and not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
+    if w8a8:
+        check_w8a8(x_TH, experts)
     check_launch("moe_decode_quant", x_TH)
-    cfg = config or fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, experts.scheme), experts)
+    scheme = experts.scheme + ("+w8a8" if w8a8 else "")
+    cfg = config or fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme), experts)
+    if w8a8 and config is None:
+        cfg = fit_w8a8(cfg)
+    if w8a8 and cfg != fit_w8a8(cfg):
+        raise ValueError(f"w8a8 decode runs fp8 MMAs in three launches: block_m ≥ 16, block_h and block_id "
+                         f"≥ 32, fused=0; got {cfg}")
     check_chunk("block_h", cfg.block_h, experts.gate_up)
     check_chunk("block_id", cfg.block_id, experts.down)
     if T == 0:
         return x_TH.new_empty(0, H)
-    return run_decode(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg)
+    return run_decode(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg, act=fp8_act if w8a8 else None)
 
 
-def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts) -> torch.Tensor:
-    """Twin of :func:`moe_decode_quant`: ``moe_decode_torch`` in fp32 on the dequantized weights."""
+def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False):
+    """Twin of :func:`moe_decode_quant`: ``moe_decode_torch`` in fp32 on the dequantized weights;
+    ``w8a8``: the grouped path's twin, the same layer (x and h rounded through fp8 alike)."""
+    if w8a8:
+        from dispatch.kernels.quant_grouped import moe_experts_quant_torch  # it imports this module
+
+        return moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts, w8a8=True)
     stand_ins(x_TH, experts)
     gu_E2IH, down_EHI = experts.dequantize(torch.float32)
     return moe_decode_torch(x_TH.float(), weights_TK, ids_TK, gu_E2IH, down_EHI).to(x_TH.dtype)

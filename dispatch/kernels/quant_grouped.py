@@ -26,12 +26,11 @@ from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.gemv import by_expert_torch
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
-from dispatch.kernels.quant_gemv import check_chunk, stand_ins
+from dispatch.kernels.quant_gemv import check_chunk, check_w8a8, stand_ins
+from dispatch.kernels.quant_kernels import W8A8_GROUP
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
-from dispatch.quant.formats import FP8, QuantizedExperts, fp8_activations
-
-W8A8_GROUP = 128  # activation columns per scale in w8a8 (= BLOCK_K)
+from dispatch.quant.formats import QuantizedExperts, fp8_activations
 
 
 def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool, late: bool = False) -> GemmConfig:
@@ -60,14 +59,6 @@ def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool, 
     return cfg
 
 
-def _check_w8a8(x_TH, experts: QuantizedExperts) -> None:
-    if experts.gate_up.q.dtype != FP8:
-        raise ValueError(f"w8a8 multiplies fp8 by fp8: it needs an fp8 scheme, got {experts.scheme}")
-    cap = runtime.capability(x_TH.device)
-    if cap is not None and cap < (8, 9):
-        raise ValueError(f"w8a8 needs fp8 tensor cores (sm_89+), this GPU is sm_{cap[0]}{cap[1]}")
-
-
 def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
                       config: GemmConfig | tuple[GemmConfig, GemmConfig] | None = None,
                       check_ids: bool = False) -> torch.Tensor:
@@ -82,7 +73,7 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     gu, dn = stand_ins(x_TH, experts)
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn, check_ids=check_ids)
     if w8a8:
-        _check_w8a8(x_TH, experts)
+        check_w8a8(x_TH, experts)
     if T == 0:
         return x_TH.new_zeros(0, H)
     check_launch("moe_experts_quant", x_TH)

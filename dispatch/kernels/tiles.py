@@ -249,10 +249,14 @@ def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E
                   scheme: str | None = None) -> DecodeConfig:
     """The decode kernels' tiles for T tokens: the table's, else :func:`heuristic_decode`. With
     ``scheme`` (experts quantized in that scheme, chapter 7) the table's entry for those codes comes
-    first (``python -m dispatch.tune --quant SCHEME`` writes it), then the unquantized one's."""
+    first (``python -m dispatch.tune --quant SCHEME`` writes it; 'fp8-channel+w8a8': then the
+    weight-only scheme's), then the unquantized one's."""
     slug = _slug(dev)
-    return (scheme and _lookup(slug, K, E, H, I, quant_key(dtype, scheme), T, "decode")) \
-        or _lookup(slug, K, E, H, I, dtype, T, "decode") or heuristic_decode(T, K, E, H, I, dev)
+    for s in dict.fromkeys((scheme, scheme.removesuffix("+w8a8")) if scheme else ()):
+        cfg = _lookup(slug, K, E, H, I, quant_key(dtype, s), T, "decode")
+        if cfg is not None:
+            return cfg
+    return _lookup(slug, K, E, H, I, dtype, T, "decode") or heuristic_decode(T, K, E, H, I, dev)
 
 
 def quant_gemm_configs(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E741

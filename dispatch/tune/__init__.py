@@ -27,9 +27,10 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   bf16 decode's tiles (what the launcher takes without an entry), plus a step of longer reduction
   chunks; every candidate is shrunk to fit the scale blocks; from 8 tokens also the weight-only
   grouped GEMM, for the scheme's own crossover. Entries keyed 'bfloat16+<scheme>'.
-  For fp8 schemes on sm_89+ also the w8a8 grouped GEMM (T ≥ 128): up and down tiles around the
-  launcher's default, then the whole path against the default; entries 'bfloat16+<scheme>+w8a8'
-  (no crossover: w8a8 runs the grouped GEMM at every size).
+  For fp8 schemes on sm_89+ also the w8a8 entry 'bfloat16+<scheme>+w8a8' ('<scheme>+w8a8': it
+  alone): the decode tiles on fp8 activations (T ≤ 64, the same descent from the weight-only
+  tiles; its own crossover against the w8a8 grouped GEMM), and the w8a8 grouped GEMM (T ≥ 128):
+  up and down tiles around the launcher's default, then the whole path against the default.
 * **Shared expert riding along** (layers where ``moe.shared_rides_along``: DeepSeek-MoE): the decode
   tiles again, with the shared MLP inside the kernels as n = S / I more experts; entry keyed by
   E + n experts and K + n choices, which is what the launcher looks up for it.
@@ -69,7 +70,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into, "
                    "bucket by bucket")
     p.add_argument("--quant", default="", help="instead: experts quantized in these schemes (comma-separated, "
-                   "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64, fp8's w8a8 grouped tiles for T ≥ 128")
+                   "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64; fp8's w8a8 entry too (decode "
+                   "tiles, grouped tiles for T ≥ 128), alone as fp8-channel+w8a8")
     p.add_argument("--refine", action="store_true", help="instead: the down-tile and one-launch steps from the "
                    "table's decode configs (bf16 and shared; with --quant, those schemes' instead; --tokens: "
                    "those buckets only; dispatch.tune.refine)")
@@ -82,8 +84,9 @@ def main(argv=None) -> None:
             raise SystemExit(f"unknown preset {name!r}; choose from {sorted(PRESETS)} or 'all'")
     schemes = tuple(q for q in a.quant.split(",") if q)
     for q in schemes:
-        if q not in quant.SCHEMES:
-            raise SystemExit(f"unknown scheme {q!r}; choose from {sorted(quant.SCHEMES)}")
+        if q.removesuffix("+w8a8") not in quant.SCHEMES or q.endswith("+w8a8") and not q.startswith("fp8"):
+            raise SystemExit(f"unknown scheme {q!r}; choose from {sorted(quant.SCHEMES)} (fp8 ones also "
+                             "as '<scheme>+w8a8': that entry alone)")
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
     tokens = sorted(int(t) for t in a.tokens.split(","))

@@ -17,7 +17,7 @@ from dispatch.config import PRESETS
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
+from dispatch.kernels.quant_gemv import fit_scales, fit_w8a8, moe_decode_quant
 from dispatch.kernels.quant_grouped import default_quant_config
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.moe import shared_rides_along
@@ -27,16 +27,20 @@ from dispatch.tune import search
 
 def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
     """(preset, T, kind, configs): the variants timing will launch, with inputs that specialise the same.
-    With ``schemes``: the quantized decode's (kind ``decode:<scheme>``; the job fits them to the scales)
-    and the w8a8 grouped GEMM's (kinds ``up:<scheme>`` / ``down:<scheme>``, fp8 schemes)."""
+    With ``schemes``: the quantized decode's (kind ``decode:<scheme>``, w8a8 ``decode:<scheme>+w8a8``;
+    the job fits them to the scales) and the w8a8 grouped GEMM's (kinds ``up:<scheme>`` /
+    ``down:<scheme>``, fp8 schemes)."""
     jobs, seen = [], set()
+    bases = tuple(dict.fromkeys(s.removesuffix("+w8a8") for s in schemes))
+    fp8 = qs.w8a8_schemes(bases, dev)
+    decodes = [s for s in schemes if s in bases] + [s + "+w8a8" for s in fp8]
     for name in presets:
         cfg = PRESETS[name]
-        for scheme, T in ((s, T) for s in schemes for T in tokens if T <= qs.QUANT_MAX_T):
+        for scheme, T in ((s, T) for s in decodes for T in tokens if T <= qs.QUANT_MAX_T):
             base = tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, runtime.compute_dtype(dev), dev)
             jobs.append((name, T, f"decode:{scheme}", [c for b in search.decode_starts(base, T)
                                                        for step in qs.quant_steps(b, 1) for c in step(b)]))
-        for scheme, T in ((s, T) for s in qs.w8a8_schemes(schemes, dev) for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
+        for scheme, T in ((s, T) for s in fp8 for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
             late = quant.SCHEMES[scheme].per_row(cfg.H) and quant.SCHEMES[scheme].per_row(cfg.I)
             base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
             for kind in ("up", "down"):
@@ -79,11 +83,13 @@ def _compile_job(job) -> list[str]:
     cfg, w, x_TH, weights_TK, ids_TK = search.make_case(name, T, dev, dtype, _CASES[name])
     failed = []
     kind, _, scheme = kind.partition(":")
-    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme) if scheme else None
+    w8a8 = scheme.endswith("+w8a8")
+    qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme.removesuffix("+w8a8")) if scheme else None
     for c in cands:
         try:
             if qe is not None and kind == "decode":
-                moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=fit_scales(c, qe))
+                c = fit_w8a8(fit_scales(c, qe)) if w8a8 else fit_scales(c, qe)
+                moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=c)
             elif qe is not None:  # w8a8 grouped: one kernel with c (the down kernel reads any h)
                 routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
                 if kind == "up":

@@ -8,12 +8,14 @@
   path: a layer of codes changes paths where its own two paths cross, not where bf16's do (on an
   H200, Qwen3-30B-A3B's int8 decode at 64 tokens took 1.4× the grouped GEMM's time).
   Entry 'bfloat16+<scheme>'.
-* **Grouped w8a8** (fp8 schemes on sm_89+, T ≥ ``QUANT_GROUPED_MIN_T``): up and down tiles
-  separately around the launcher's default (``default_quant_config``; its block_m, so the sort is
-  the default's), each candidate checked against the default's output; then the whole path with
-  the chosen pair against the default, the faster kept. Entry 'bfloat16+<scheme>+w8a8'.
-
-The w8a8 entries have no crossover: w8a8 runs the grouped GEMM at every size (``quant.quantized_forward``).
+* **w8a8** (fp8 schemes on sm_89+; ``--quant fp8-channel+w8a8``: this part alone), entry
+  'bfloat16+<scheme>+w8a8'. Decode (T ≤ ``QUANT_MAX_T``): the same descent on fp8 activations, from
+  the weight-only entry's tiles, every candidate through ``fit_w8a8`` (16-row tiles, three launches);
+  from ``GROUPED_MIN_T`` the w8a8 grouped GEMM timed beside it, for the entry's crossover. Grouped
+  (T ≥ ``QUANT_GROUPED_MIN_T``): up and down tiles separately around the launcher's default
+  (``default_quant_config``; its block_m, so the sort is the default's), each candidate checked
+  against the default's output; then the whole path with the chosen pair against the default,
+  the faster kept.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_gemv import fit_scales, fit_w8a8, moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.quant_grouped import default_quant_config, moe_experts_quant, moe_experts_quant_torch
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
@@ -67,7 +69,8 @@ def w8a8_schemes(schemes, dev) -> tuple[str, ...]:
     """The schemes whose grouped w8a8 tiles are tuned here: fp8 codes, on a device with fp8 tensor
     cores (the interpreter counts: it runs w8a8 in fp32)."""
     cap = runtime.capability(dev)
-    return tuple(s for s in schemes if quant.SCHEMES[s].dtype == FP8 and (cap is None or cap >= (8, 9)))
+    return tuple(s for s in schemes if s in quant.SCHEMES and quant.SCHEMES[s].dtype == FP8
+                 and (cap is None or cap >= (8, 9)))
 
 
 def quant_gemm_space(kind: str, base: GemmConfig, dev, late: bool) -> list[GemmConfig]:
@@ -81,36 +84,42 @@ def quant_gemm_space(kind: str, base: GemmConfig, dev, late: bool) -> list[GemmC
             and tiles.shared_bytes(c, n_b, elt=1) <= limit]
 
 
-def tune_decode_quant(name, T, case, scheme, dev, timer, log) -> dict:
-    """Decode tiles for experts quantized in ``scheme`` (:func:`quant_steps` from the bf16 tiles)."""
+def tune_decode_quant(name, T, case, scheme, dev, timer, log, w8a8: bool = False) -> dict:
+    """Decode tiles for experts quantized in ``scheme`` (:func:`quant_steps` from the bf16 tiles;
+    ``w8a8``: on fp8 activations, from the weight-only entry's tiles, through ``fit_w8a8``)."""
     cfg, w, x_TH, weights_TK, ids_TK = case
     qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
 
     def run(c):
-        return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, config=c)
+        return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=c)
 
-    base = fit_scales(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev), qe)
+    def fit(c):
+        return fit_w8a8(fit_scales(c, qe)) if w8a8 else fit_scales(c, qe)
+
+    label = scheme + ("+w8a8" if w8a8 else "")
+    base = fit(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev, label if w8a8 else None))
     best, best_us, start_us = descend_from(decode_starts(base, T), quant_steps, run,
-                                           moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe),
-                                           f"{name} T={T} {scheme}", dev, timer, log, fit=lambda c: fit_scales(c, qe))
-    log(f"{name} T={T:5d} decode {scheme} {best_us:9.1f} us (bf16 tiles {start_us:9.1f}) {tiles.as_dict(best)}")
-    out = {"decode": tiles.as_dict(best), "decode_us": best_us, "decode_bf16_tiles_us": start_us}
-    if T >= GROUPED_MIN_T:  # the weight-only grouped GEMM on the same codes: where the scheme's paths cross
-        out["grouped_us"] = grouped_w8a16_us(x_TH, weights_TK, ids_TK, qe, timer, f"{name} T={T} {scheme}")
-        log(f"{name} T={T:5d} grouped {scheme} {out['grouped_us']:9.1f} us (default tiles)")
+                                           moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8),
+                                           f"{name} T={T} {label}", dev, timer, log, fit=fit)
+    log(f"{name} T={T:5d} decode {label} {best_us:9.1f} us (start {start_us:9.1f}) {tiles.as_dict(best)}")
+    out = {"decode": tiles.as_dict(best), "decode_us": best_us,
+           "decode_w8a16_tiles_us" if w8a8 else "decode_bf16_tiles_us": start_us}
+    if T >= GROUPED_MIN_T:  # the grouped GEMM on the same codes: where the scheme's paths cross
+        out["grouped_us"] = grouped_us(x_TH, weights_TK, ids_TK, qe, timer, f"{name} T={T} {label}", w8a8)
+        log(f"{name} T={T:5d} grouped {label} {out['grouped_us']:9.1f} us")
     return out
 
 
-def grouped_w8a16_us(x_TH, weights_TK, ids_TK, qe, timer, what: str) -> float:
-    """µs of the weight-only grouped GEMM on ``qe``'s codes (the launcher's default tiles), checked
-    against its twin first: the other side of a quantized entry's crossover."""
+def grouped_us(x_TH, weights_TK, ids_TK, qe, timer, what: str, w8a8: bool = False) -> float:
+    """µs of the grouped GEMM on ``qe``'s codes (weight-only: the launcher's default tiles; w8a8: the
+    table's or the default), checked against its twin first: the other side of an entry's crossover."""
     def grouped():
-        return moe_experts_quant(x_TH, weights_TK, ids_TK, qe)
+        return moe_experts_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8)
 
-    err = rel_err(grouped(), moe_experts_quant_torch(x_TH, weights_TK, ids_TK, qe))
+    err = rel_err(grouped(), moe_experts_quant_torch(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8))
     if not err <= TOLERANCE:
-        raise AssertionError(f"{what}: the w8a16 grouped GEMM is wrong (rel err {err:.3g})")
-    return timer(grouped, ("grouped", qe.scheme))
+        raise AssertionError(f"{what}: the grouped GEMM is wrong (rel err {err:.3g})")
+    return timer(grouped, ("grouped", qe.scheme, w8a8))
 
 
 def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
@@ -148,14 +157,24 @@ def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
             "grouped_default_us": default_us}
 
 
+def tune_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
+    """One bucket of a w8a8 entry: the decode tiles (T ≤ QUANT_MAX_T) or the grouped ones."""
+    if T <= QUANT_MAX_T:
+        return tune_decode_quant(name, T, case, scheme, dev, timer, log, w8a8=True)
+    return tune_grouped_w8a8(name, T, case, scheme, dev, timer, log)
+
+
 def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
     """The entries of one preset's quantized experts: per scheme the decode tiles (T ≤ QUANT_MAX_T),
-    and for fp8 schemes the w8a8 grouped tiles (T ≥ QUANT_GROUPED_MIN_T)."""
-    cfg, w, out, w8a8 = PRESETS[name], None, {}, w8a8_schemes(schemes, dev)
-    for scheme in schemes:
-        for suffix, Ts, tune in (("", [t for t in tokens if t <= QUANT_MAX_T], tune_decode_quant),
-                                 ("+w8a8", [t for t in tokens if t >= QUANT_GROUPED_MIN_T]
-                                  if scheme in w8a8 else [], tune_grouped_w8a8)):
+    and for fp8 schemes the w8a8 entry (decode tiles, grouped tiles from T ≥ QUANT_GROUPED_MIN_T);
+    '<scheme>+w8a8': the w8a8 entry alone."""
+    cfg, w, out = PRESETS[name], None, {}
+    for requested in schemes:
+        scheme = requested.removesuffix("+w8a8")
+        w8a8 = bool(w8a8_schemes((scheme,), dev))
+        small, large = [t for t in tokens if t <= QUANT_MAX_T], [t for t in tokens if t >= QUANT_GROUPED_MIN_T]
+        for suffix, Ts, tune in (("", small if requested == scheme else [], tune_decode_quant),
+                                 ("+w8a8", small + large if w8a8 else [], tune_w8a8)):
             buckets = {}
             for T in Ts:
                 case = make_case(name, T, dev, dtype, w)
@@ -163,7 +182,7 @@ def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
                 buckets[str(T)] = tune(name, T, case, scheme, dev, timer, log)
             if buckets:
                 entry = {"buckets": buckets}
-                if any("grouped_us" in b for b in buckets.values()) and not suffix:
+                if any("grouped_us" in b and "decode_us" in b for b in buckets.values()):
                     entry["crossover"] = crossover(buckets)
                     log(f"{name} {scheme}: decode for T ≤ {entry['crossover']}, grouped GEMM above")
                 out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix))] = entry

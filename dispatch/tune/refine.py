@@ -27,9 +27,9 @@ from dispatch import quant, tables
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
+from dispatch.kernels.quant_gemv import fit_scales, fit_w8a8, moe_decode_quant
 from dispatch.moe import shared_rides_along
-from dispatch.tune.quant_search import grouped_w8a16_us
+from dispatch.tune.quant_search import grouped_us
 from dispatch.tune.search import GROUPED_MIN_T, _best, crossover, decode_steps, graph_us, make_case
 
 
@@ -60,13 +60,21 @@ def compile_jobs(presets, doc: dict, dtype, schemes=(), tokens=None) -> list[tup
     return jobs
 
 
-def _runner(kind, qe, case):
-    """run(config=...) → y_TH on the tuner's ``case`` (``make_case``'s): quantized (``qe``), shared or routed."""
+def _runner(kind, qe, case, w8a8=False):
+    """run(config=...) → y_TH on the tuner's ``case`` (``make_case``'s): quantized (``qe``; ``w8a8``:
+    fp8 activations), shared or routed."""
     _, w, x_TH, weights_TK, ids_TK = case
     if qe is not None:
-        return functools.partial(moe_decode_quant, x_TH, weights_TK, ids_TK, qe)
+        return functools.partial(moe_decode_quant, x_TH, weights_TK, ids_TK, qe, w8a8=w8a8)
     shared = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
     return functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
+
+
+def _fit(qe, w8a8: bool):
+    """What every candidate goes through: the scale blocks (quantized), and fit_w8a8 (w8a8)."""
+    if qe is None:
+        return lambda c: c
+    return (lambda c: fit_w8a8(fit_scales(c, qe))) if w8a8 else (lambda c: fit_scales(c, qe))
 
 
 def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=print):
@@ -86,7 +94,9 @@ def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=p
     if cand_us < best_us:
         best, best_us = cand, cand_us
     chain = ref if best is start and not start.fused else run(config=replace(best, fused=0))
-    for cand in dict.fromkeys(steps[-1](best)):
+    for cand in dict.fromkeys(fit(c) for c in steps[-1](best)):  # w8a8: none (fit_w8a8 keeps three launches)
+        if cand == best:
+            continue
         try:
             y = run(config=cand)
         except Exception as e:  # noqa: BLE001 - a one launch that does not compile or fit is skipped, loudly
@@ -110,22 +120,23 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
         old = doc["entries"].get(key)
         if not old:
             continue
-        qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme) if scheme else None  # once per scheme
+        w8a8 = scheme.endswith("+w8a8")
+        qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme.removesuffix("+w8a8")) if scheme else None
         entry = {**old, "buckets": {T: dict(b) for T, b in old["buckets"].items()}}
         for T, b in entry["buckets"].items():
             if "decode" not in b or (tokens is not None and int(T) not in tokens):
                 continue
             case = make_case(name, int(T), dev, dtype, w)
-            run = _runner(kind, qe, case)
+            run = _runner(kind, qe, case, w8a8)
             start = tiles.DecodeConfig(**b["decode"])
             best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log,
-                                                    fit=(lambda c, q=qe: fit_scales(c, q)) if qe else (lambda c: c))
+                                                    fit=_fit(qe, w8a8))
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
             # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it
             b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
                      refined_from_us=start_us, refined_us=best_us)
             if qe is not None and int(T) >= GROUPED_MIN_T:  # both paths timed here: this run's frame
-                b.update(decode_us=best_us, grouped_us=grouped_w8a16_us(*case[2:], qe, timer, f"{key} T={T}"))
+                b.update(decode_us=best_us, grouped_us=grouped_us(*case[2:], qe, timer, f"{key} T={T}", w8a8))
             log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
                 f"programs={best.programs} down {best.block_ho}x{best.block_id}"
                 + (f"  grouped {b['grouped_us']:8.1f} us" if "grouped_us" in b and qe is not None else ""))

@@ -9,7 +9,7 @@ layer errors of those two shapes only.
 For each shape the bf16 experts are quantized with every scheme of :data:`dispatch.quant.SCHEMES`;
 for each token count one routing (softmax top-K of random logits) is given to every contestant:
 
-    T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme
+    T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme, and w8a8 (fp8 schemes)
     T > 64   bf16 ``moe_experts`` vs  ``moe_experts_quant`` w8a16 per scheme, and w8a8 (fp8 schemes),
              also with TMA off (``<scheme>+w8a8 no TMA``: what the descriptor loads are worth, Hopper)
     any T    ``hf_fp8``: transformers' own fp8 experts on the fp8-block128 codes, where it runs
@@ -75,6 +75,9 @@ def contestants(T, x, w_TK, ids, gu, dn, qes):
         for s, qe in qes.items():
             out[s] = (lambda q=qe: moe_decode_quant(x, w_TK, ids, q),
                       lambda q=qe: moe_decode_quant_torch(x, w_TK, ids, q), s.split("-")[0])
+            if s.startswith("fp8"):  # the decode kernels on fp8 activations: codes straight into the MMA
+                out[s + "+w8a8"] = (lambda q=qe: moe_decode_quant(x, w_TK, ids, q, w8a8=True),
+                                    lambda q=qe: moe_decode_quant_torch(x, w_TK, ids, q, w8a8=True), "w8a8")
     else:
         out = {"bf16": (lambda: moe_experts(x, w_TK, ids, gu, dn), None, None)}
         for s, qe in qes.items():
