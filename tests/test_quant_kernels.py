@@ -95,16 +95,17 @@ def test_grouped_w8a8_matches_twin(scheme, T):
 @pytest.mark.parametrize("cfg", SHAPES, ids=["tiny", "odd"])
 @pytest.mark.parametrize("T,one_expert", [(1, False), (5, True), (20, False)])
 def test_decode_w8a8_matches_twin(scheme, cfg, T, one_expert):
-    """fp8 activations on the decode kernels: x and h quantized (per token and 128 columns, or per
-    token), the codes straight into the dot; the same layer as the grouped w8a8 path, rows > 16 of
-    one expert (T = 20) in two row blocks, all tokens to one expert, edges of the odd shape."""
+    """fp8 activations on the decode kernels: x and h quantized per token and 128 columns, the codes
+    straight into the dot; rows > 16 of one expert (T = 20) in two row blocks, all tokens to one
+    expert, edges of the odd shape (a 64-column last group)."""
     x, w, ids, qe = case(cfg, T, scheme, seed=T + 11, one_expert=one_expert)
     tiles_ = DecodeConfig(block_i=16, block_h=64, block_ho=16, block_id=32, num_stages=1)
     y = moe_decode_quant(x, w, ids, qe, w8a8=True, config=tiles_)
     assert rel(y, moe_decode_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
-    assert rel(y, moe_experts_quant(x, w, ids, qe, w8a8=True, config=GemmConfig(
-        block_m=16, block_n=32, block_k=128, num_stages=1))) < 1e-5
     assert rel(y, reference(x, w, ids, qe)) < 0.08  # fp8 activations: a few % of the output
+    if scheme == "fp8-block128":  # the grouped w8a8 path scales activations alike: the same layer
+        assert rel(y, moe_experts_quant(x, w, ids, qe, w8a8=True, config=GemmConfig(
+            block_m=16, block_n=32, block_k=128, num_stages=1))) < 1e-5
 
 
 def test_decode_w8a8_fits_its_tiles_and_refuses_what_cannot_run():
@@ -114,7 +115,7 @@ def test_decode_w8a8_fits_its_tiles_and_refuses_what_cannot_run():
     y = moe_decode_quant(x, w, ids, qe, w8a8=True)
     assert rel(y, moe_decode_quant_torch(x, w, ids, qe, w8a8=True)) < 1e-5
     for bad in (DecodeConfig(block_m=1, block_h=64, block_id=32), DecodeConfig(block_h=16, block_id=32),
-                DecodeConfig(block_h=64, block_id=32, fused=1)):
+                DecodeConfig(block_h=256, block_id=32), DecodeConfig(block_h=64, block_id=32, fused=1)):
         with pytest.raises(ValueError, match="w8a8 decode runs fp8 MMAs"):
             moe_decode_quant(x, w, ids, qe, w8a8=True, config=bad)
     x, w, ids, qe = case(SHAPES[0], 3, "int8-channel")

@@ -114,9 +114,8 @@ def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch
 
 def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
                act=None) -> torch.Tensor:
-    """y_TH with tiles ``cfg`` (inputs already checked; the weights may be quantized): the three
-    launches, or with ``cfg.fused`` the same items in one (:mod:`dispatch.kernels.decode_fused`).
-    ``act``: fp8 activations (w8a8, :func:`decode_rows`; three launches only)."""
+    """y_TH with tiles ``cfg`` (inputs already checked; weights maybe quantized): three launches, or with
+    ``cfg.fused`` one (:mod:`dispatch.kernels.decode_fused`); ``act``: fp8 activations, three (:func:`decode_rows`)."""
     if cfg.fused and act is None:
         return _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared)
     ns = n_shared(shared, down_EHI.shape[2])

@@ -94,32 +94,22 @@ def _tile_acc(BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexp
 def _tile_mac(a, s_M, q, s_N, acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
               LATE_SCALE: tl.constexpr):
     """acc + a @ w for one reduction chunk: ``_qdot`` (tensor cores; W8A8: fp8 codes a with scales
-    s_M), or ``_qfma`` with one row (never W8A8: the launcher pads to 16 rows)."""
+    s_M, both scales on each chunk's product), or ``_qfma`` with one row (never W8A8: 16-row tiles)."""
     if BLOCK_M == 1:  # CUDA-core FMAs, no tensor-core padding of one row to 16
         acc = _qfma(a, q, s_N, acc, QUANT, LATE_SCALE)
+    elif W8A8:  # activations scaled per 128 columns: never late (a per-row weight scale is s_N each chunk)
+        acc = _qdot(a, s_M, q, s_N, acc, QUANT, W8A8, False, False)
     else:
         acc = _qdot(a, s_M, q, s_N, acc, QUANT, W8A8, LATE_SCALE, False)
     return acc
 
 
 @triton.jit
-def _chunk_act_scales(as_ptr, rows, k0, mask, s_as, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr):
-    """W8A8 with block scales: each row's activation scale for the chunk at k0 (else 1s, unused)."""
-    if W8A8 and not LATE_SCALE:
-        s = _act_scales(as_ptr, rows, k0, mask, s_as, W8A8)
-    else:
-        s = _act_scales(as_ptr, rows, k0, mask, s_as, False)
-    return s
-
-
-@triton.jit
 def _late_scales(acc, s_ptr, cols, mask_c, s_sr, s_sc, SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr,
-                 as_ptr, rows, mask_r, s_as, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr):
-    """LATE_SCALE (one scale a weight row, one an activation row): both applied once, after the loop."""
-    if LATE_SCALE:
+                 W8A8: tl.constexpr, LATE_SCALE: tl.constexpr):
+    """LATE_SCALE (one scale a weight row): applied once, after the loop (W8A8: on every chunk instead)."""
+    if LATE_SCALE and not W8A8:
         acc *= _block_scales(s_ptr, cols, 0, mask_c, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-        if W8A8:
-            acc *= _act_scales(as_ptr, rows, 0, mask_r, s_as, W8A8)[:, None]
     return acc
 
 
@@ -139,7 +129,7 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
              BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):
     """Up item (slot, I tile) = divmod(item, tiles): h_NI[rows of the slot's expert, the I tile] =
     silu(x @ gate.T) * (x @ up.T); its gate/up rows streamed once. W8A8: x holds fp8 codes, xs_ptr
-    their scales (per token, and per 128 columns unless LATE_SCALE). Returns the slot."""
+    their scales (per token and 128 columns). Returns the slot."""
     slot = item // tiles
     e, count = _slot_expert(count_E, slot_E, slot, BLOCK_E)
     s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
@@ -169,13 +159,13 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
             u_HI = tl.load(up_ptr + offs_h[:, None], mask=w_mask, other=0.0)
             sg_I = _block_scales(s_e, offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
             su_I = _block_scales(s_e, I + offs_i, h0, mask_i, s_sr, s_sc, SBR, SBC, QUANT)
-            sx_M = _chunk_act_scales(xs_ptr, tok_M, h0, valid_M, s_xs, W8A8, LATE_SCALE)
+            sx_M = _act_scales(xs_ptr, tok_M, h0, valid_M, s_xs, W8A8)
             acc_g = _tile_mac(x_MH, sx_M, g_HI, sg_I, acc_g, BLOCK_M, QUANT, W8A8, LATE_SCALE)
             acc_u = _tile_mac(x_MH, sx_M, u_HI, su_I, acc_u, BLOCK_M, QUANT, W8A8, LATE_SCALE)
         acc_g = _late_scales(_tile_out(acc_g, BLOCK_M), s_e, offs_i, mask_i, s_sr, s_sc, SBR, SBC, QUANT,
-                             xs_ptr, tok_M, valid_M, s_xs, W8A8, LATE_SCALE)  # before the SwiGLU
+                             W8A8, LATE_SCALE)  # before the SwiGLU
         acc_u = _late_scales(_tile_out(acc_u, BLOCK_M), s_e, I + offs_i, mask_i, s_sr, s_sc, SBR, SBC, QUANT,
-                             xs_ptr, tok_M, valid_M, s_xs, W8A8, LATE_SCALE)
+                             W8A8, LATE_SCALE)
         h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
         h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
         tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
@@ -191,7 +181,7 @@ def _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_p
     """Down item (slot, H tile) = divmod(item, tiles): out_NH[rows of the slot's expert, the H tile] =
     weight · (h @ down.T), fp32, all of I; its down rows streamed once. h is read from L2 (``.cg``):
     in the one-launch path (:mod:`dispatch.kernels.decode_fused`) other programs of this kernel wrote it.
-    W8A8: h holds fp8 codes, hs_ptr their scales (per routed row, and per 128 columns unless LATE_SCALE)."""
+    W8A8: h holds fp8 codes, hs_ptr their scales (per routed row and 128 columns)."""
     e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
     s_e = ds_ptr + e.to(tl.int64) * s_se
     offs_o = (item % tiles) * BLOCK_HO + tl.arange(0, BLOCK_HO)
@@ -214,10 +204,9 @@ def _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_p
                            cache_modifier=".cg")
             d_IO = tl.load(down_ptr + offs_i[:, None], mask=mask_i[:, None] & mask_o[None, :], other=0.0)
             s_O = _block_scales(s_e, offs_o, i0, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
-            sh_M = _chunk_act_scales(hs_ptr, rows_M, i0, valid_M, s_hs, W8A8, LATE_SCALE)
+            sh_M = _act_scales(hs_ptr, rows_M, i0, valid_M, s_hs, W8A8)
             acc = _tile_mac(h_MI, sh_M, d_IO, s_O, acc, BLOCK_M, QUANT, W8A8, LATE_SCALE)
-        acc = _late_scales(_tile_out(acc, BLOCK_M), s_e, offs_o, mask_o, s_sr, s_sc, SBR, SBC, QUANT,
-                           hs_ptr, rows_M, valid_M, s_hs, W8A8, LATE_SCALE)
+        acc = _late_scales(_tile_out(acc, BLOCK_M), s_e, offs_o, mask_o, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE)
         out = out_ptr + rows_M.to(tl.int64)[:, None] * s_on + offs_o[None, :]
         tl.store(out, acc * w_M.to(tl.float32)[:, None], mask=valid_M[:, None] & mask_o[None, :])
 
