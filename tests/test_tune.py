@@ -419,24 +419,31 @@ def test_refine_drops_down_tiles_that_fail_or_stray(tiny_table, monkeypatch):
     assert any("failed (out of resource" in s for s in logs) and any("wrong (rel err" in s for s in logs)
 
 
-def test_refine_gives_a_quantized_entry_its_crossover(tiny_table):
+@pytest.mark.parametrize("scheme", ["int8-channel", "fp8-channel+w8a8"])
+def test_refine_gives_a_quantized_entry_its_crossover(tiny_table, scheme):
     """A quantized entry's grouped time is measured beside its decode time from GROUPED_MIN_T tokens;
-    the crossover is where the grouped GEMM first wins, on this run's two times."""
+    the crossover is where the grouped GEMM first wins, on this run's two times. On fp8 activations
+    ('+w8a8') both paths run w8a8 and every candidate keeps fit_w8a8's form (no one launch)."""
     from dispatch.tune import refine
 
-    key = tables.shape_key(8, 64, 32, 2, "torch.float32+int8-channel")
+    w8a8 = scheme.endswith("+w8a8")
+    key = tables.shape_key(8, 64, 32, 2, f"torch.float32+{scheme}")
     d = tiles.as_dict(tiles.INTERPRET_DECODE)
     tiny_table["entries"][key] = {"buckets": {"2": {"decode": d}, "8": {"decode": d}, "32": {"decode": d}}}
+    seen = []
 
     def price(fn, c):
         fn()
-        return 60.0 if c == ("grouped", "int8-channel") else 80.0  # grouped faster from 8 tokens
+        seen.append(c)
+        return 60.0 if c == ("grouped", scheme.removesuffix("+w8a8"), w8a8) else 80.0  # grouped wins from 8
 
-    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, ("int8-channel",),
+    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, (scheme,),
                                timer=price, log=lambda s: None)
     e = out[key]
     assert e["crossover"] == 2 and "grouped_us" not in e["buckets"]["2"]
     assert e["buckets"]["8"]["grouped_us"] == 60.0 and e["buckets"]["8"]["decode_us"] == 80.0
+    if w8a8:
+        assert all(c.fused == 0 and c.block_id <= 128 for c in seen if isinstance(c, DecodeConfig))
 
 
 def test_refine_refuses_a_one_launch_that_is_not_bitwise(tiny_table, monkeypatch):
