@@ -276,8 +276,8 @@ def quant_key(dtype, scheme: str) -> str:
 
 def decode_max_tokens(K: int, E: int, H: int, I: int, dtype, dev, scheme: str | None = None) -> int:  # noqa: E741
     """The decode/grouped crossover: the decode path for T ≤ this (tuned per shape, else 64). With
-    ``scheme``: the crossover of experts quantized in it (weight-only), where ``python -m dispatch.tune
-    --quant`` measured it, else 64."""
+    ``scheme``: the crossover of experts quantized in it (weight-only; '<scheme>+w8a8': both paths on
+    fp8 activations), where ``python -m dispatch.tune --quant`` measured it, else 64."""
     return _lookup(_slug(dev), K, E, H, I, quant_key(dtype, scheme) if scheme else dtype, 0, "crossover")
 
 
