@@ -169,7 +169,7 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     unwritten (expert parallelism sums them elsewhere, or never). The weights may be quantized
     (``dispatch.quant.QuantizedTensor``, block_h / block_id inside their scale blocks: chapter 7).
     ``shared`` (checked, unquantized weights only): [T·(K + n), H], the n shared experts' rows after
-    each token's K. ``act(a, weight) → (fp8 codes, scales)`` (w8a8, fp8 weights, ``block_m`` ≥ 16):
+    each token's K. ``act(a) → (fp8 codes, scales)`` (w8a8, fp8 weights, ``block_m`` ≥ 16):
     x and h quantized before the kernel that multiplies them by ``weight``."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     if T == 0 or E == 0:
@@ -181,14 +181,14 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     slots = min(E + ns, N)  # at most this many distinct experts are used
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
-    xq, xs = act(x_TH, gate_up_E2IH) if act else (x_TH, x_TH)  # no act: xs never read
+    xq, xs = act(x_TH) if act else (x_TH, x_TH)  # no act: xs never read
     _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
         xq, ids_TK, gu, gs, h_NI, N, K, E, H, I,
         xq.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
         sgu, sgu.stride(0), xs, xs.stride(0), W8A8=act is not None, **g_const,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
-    hq, hs = act(h_NI, down_EHI) if act else (h_NI, h_NI)
+    hq, hs = act(h_NI) if act else (h_NI, h_NI)
     _down_kernel[(cfg.grid(slots, triton.cdiv(H, cfg.block_ho)),)](
         hq, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),

@@ -57,7 +57,7 @@ def check_w8a8(x_TH, experts: QuantizedExperts) -> None:
         raise ValueError(f"w8a8 needs fp8 tensor cores (sm_89+), this GPU is sm_{cap[0]}{cap[1]}")
 
 
-def fp8_act(a_MK: torch.Tensor, weight: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_act(a_MK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode kernels' w8a8 operand: a's fp8 codes and scales, per token and 128 columns."""
     return fp8_rows(a_MK, W8A8_GROUP)
 
@@ -81,13 +81,15 @@ def check_chunk(name: str, block: int, t: QuantizedTensor) -> None:
                          f"(or the block must cover all {t.shape[2]} columns)")
 
 
-def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts) -> DecodeConfig:
-    """``cfg`` with its reduction chunks shrunk to fit inside the scale blocks (group-128, 128×128)."""
+def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts, w8a8: bool = False) -> DecodeConfig:
+    """``cfg`` with its reduction chunks shrunk to fit inside the scale blocks (group-128, 128×128);
+    ``w8a8``: then through :func:`fit_w8a8`. What every quantized decode config goes through."""
     def fit(block, t):
         while not _fits(block, t) and block > 16:
             block //= 2
         return block
-    return replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down))
+    cfg = replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down))
+    return fit_w8a8(cfg) if w8a8 else cfg
 
 
 def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
@@ -112,9 +114,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
         check_w8a8(x_TH, experts)
     check_launch("moe_decode_quant", x_TH)
     scheme = experts.scheme + ("+w8a8" if w8a8 else "")
-    cfg = config or fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme), experts)
-    if w8a8 and config is None:
-        cfg = fit_w8a8(cfg)
+    cfg = config or fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme), experts, w8a8)
     if w8a8 and cfg != fit_w8a8(cfg):
         raise ValueError(f"w8a8 decode runs fp8 MMAs in three launches: block_m ≥ 16, block_h and block_id "
                          f"32 to {W8A8_GROUP}, fused=0; got {cfg}")

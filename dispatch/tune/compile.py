@@ -17,7 +17,7 @@ from dispatch.config import PRESETS
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import fit_scales, fit_w8a8, moe_decode_quant
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
 from dispatch.kernels.quant_grouped import default_quant_config
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.moe import shared_rides_along
@@ -88,8 +88,7 @@ def _compile_job(job) -> list[str]:
     for c in cands:
         try:
             if qe is not None and kind == "decode":
-                c = fit_w8a8(fit_scales(c, qe)) if w8a8 else fit_scales(c, qe)
-                moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=c)
+                moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=fit_scales(c, qe, w8a8))
             elif qe is not None:  # w8a8 grouped: one kernel with c (the down kernel reads any h)
                 routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
                 if kind == "up":

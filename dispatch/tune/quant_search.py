@@ -25,7 +25,7 @@ from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
-from dispatch.kernels.quant_gemv import fit_scales, fit_w8a8, moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.quant_grouped import default_quant_config, moe_experts_quant, moe_experts_quant_torch
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
@@ -69,8 +69,7 @@ def w8a8_schemes(schemes, dev) -> tuple[str, ...]:
     """The schemes whose grouped w8a8 tiles are tuned here: fp8 codes, on a device with fp8 tensor
     cores (the interpreter counts: it runs w8a8 in fp32)."""
     cap = runtime.capability(dev)
-    return tuple(s for s in schemes if s in quant.SCHEMES and quant.SCHEMES[s].dtype == FP8
-                 and (cap is None or cap >= (8, 9)))
+    return tuple(s for s in schemes if quant.SCHEMES[s].dtype == FP8 and (cap is None or cap >= (8, 9)))
 
 
 def quant_gemm_space(kind: str, base: GemmConfig, dev, late: bool) -> list[GemmConfig]:
@@ -94,7 +93,7 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log, w8a8: bool = False
         return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=c)
 
     def fit(c):
-        return fit_w8a8(fit_scales(c, qe)) if w8a8 else fit_scales(c, qe)
+        return fit_scales(c, qe, w8a8)
 
     label = scheme + ("+w8a8" if w8a8 else "")
     base = fit(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev, label if w8a8 else None))

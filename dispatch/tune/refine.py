@@ -27,7 +27,7 @@ from dispatch import quant, tables
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import fit_scales, fit_w8a8, moe_decode_quant
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
 from dispatch.moe import shared_rides_along
 from dispatch.tune.quant_search import grouped_us
 from dispatch.tune.search import GROUPED_MIN_T, _best, crossover, decode_steps, graph_us, make_case
@@ -68,13 +68,6 @@ def _runner(kind, qe, case, w8a8=False):
         return functools.partial(moe_decode_quant, x_TH, weights_TK, ids_TK, qe, w8a8=w8a8)
     shared = (w.shared_gate_up_2SH, w.shared_down_HS) if kind == "decode_shared" else None
     return functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
-
-
-def _fit(qe, w8a8: bool):
-    """What every candidate goes through: the scale blocks (quantized), and fit_w8a8 (w8a8)."""
-    if qe is None:
-        return lambda c: c
-    return (lambda c: fit_w8a8(fit_scales(c, qe))) if w8a8 else (lambda c: fit_scales(c, qe))
 
 
 def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=print):
@@ -129,8 +122,8 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             case = make_case(name, int(T), dev, dtype, w)
             run = _runner(kind, qe, case, w8a8)
             start = tiles.DecodeConfig(**b["decode"])
-            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log,
-                                                    fit=_fit(qe, w8a8))
+            fit = functools.partial(fit_scales, qe=qe, w8a8=w8a8) if qe else (lambda c: c)
+            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log, fit=fit)
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
             # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it
             b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
