@@ -215,3 +215,16 @@ def test_ceilings_measure_small_on_a_gpu():
     assert all(r.get("GBps", r.get("TFLOPs")) > 0 for r in rows)
     c = bench.ceilings()  # the GPU here: measured file or datasheet, never an error for a known GPU
     assert set(c) == {"hbm_copy_gbps", "hbm_read_gbps", "bf16_tflops", "source"}
+
+
+def test_provenance_of_a_merged_recording_names_every_run():
+    doc = {"gpu": "NVIDIA H200", "gpu_count": 1, "date": "2026-12-04T20:00:00+00:00", "git_commit": "b" * 40,
+           "command": "python -m dispatch_book.bench kernels --tokens 1,8",
+           "versions": {"torch": "2.11.0", "triton": "3.6.0", "transformers": "5.17.0"},
+           "parts": [{"tokens": [1, 8], "git_commit": "b" * 40, "date": "2026-12-04T20:00:00+00:00",
+                      "command": "python -m dispatch_book.bench kernels --tokens 1,8"},
+                     {"tokens": [4096], "git_commit": "a" * 40, "date": "2026-12-03T05:00:00+00:00",
+                      "command": "python -m dispatch_book.bench kernels --tokens 4096"}]}
+    text = " ".join(bench.provenance(doc).split())
+    assert "in 2 runs: T = 1, 8 on 2026-12-04 at commit bbbbbbbbbb" in text
+    assert "T = 4096 on 2026-12-03 at commit aaaaaaaaaa by" in text

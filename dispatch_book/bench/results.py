@@ -8,6 +8,9 @@ A results file is ``<root>/<gpu-slug>/<name>.json``::
      "rows": [{what was measured..., "median_ms", "min_ms", "max_ms", "samples"}, ...]}
 
 Every row is a flat dict: the case's keys, then the fields of ``time_ms`` (raw medians, in ms).
+A recording merged from runs of one suite at different commits (say small T re-measured after a
+decode change, large T kept because nothing it times changed) lists them in ``"parts"``: one
+``{"tokens", "git_commit", "date", "command"}`` per run; its top-level fields are the newest run's.
 
 Where files go and come from:
 
@@ -199,4 +202,9 @@ def provenance(doc: dict) -> str:
     text = (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} on {doc['date'][:10]} "
             f"(torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}, "
             f"commit {doc['git_commit'][:10]}) by `{doc['command']}`.")
+    if doc.get("parts"):  # merged from runs at different commits: which sizes each run measured
+        runs = "; ".join(f"T = {', '.join(map(str, p['tokens']))} on {p['date'][:10]} at commit "
+                         f"{p['git_commit'][:10]} by `{p['command']}`" for p in doc["parts"])
+        text = (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} (torch {v['torch']}, triton "
+                f"{v['triton']}, transformers {v['transformers']}) in {len(doc['parts'])} runs: {runs}.")
     return textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column
