@@ -217,14 +217,40 @@ def test_ceilings_measure_small_on_a_gpu():
     assert set(c) == {"hbm_copy_gbps", "hbm_read_gbps", "bf16_tflops", "source"}
 
 
-def test_provenance_of_a_merged_recording_names_every_run():
-    doc = {"gpu": "NVIDIA H200", "gpu_count": 1, "date": "2026-12-04T20:00:00+00:00", "git_commit": "b" * 40,
-           "command": "python -m dispatch_book.bench kernels --tokens 1,8",
-           "versions": {"torch": "2.11.0", "triton": "3.6.0", "transformers": "5.17.0"},
-           "parts": [{"tokens": [1, 8], "git_commit": "b" * 40, "date": "2026-12-04T20:00:00+00:00",
-                      "command": "python -m dispatch_book.bench kernels --tokens 1,8"},
-                     {"tokens": [4096], "git_commit": "a" * 40, "date": "2026-12-03T05:00:00+00:00",
-                      "command": "python -m dispatch_book.bench kernels --tokens 4096"}]}
+def _rows(shapes, tokens, ms):
+    return [{"shape": s, "tokens": t, "median_ms": ms} for s in shapes for t in tokens]
+
+
+def test_save_merge_keeps_the_sizes_this_run_did_not_measure(tmp_path, monkeypatch, commit):
+    out = tmp_path / "r"
+    bench.save("kernels", _rows(["a", "b"], [1, 8, 4096], 1.0), out=out, command="old", extra={"ceilings": {"r": 1}})
+    old = json.loads((out / "cpu" / "kernels.json").read_text())
+    monkeypatch.setenv("DISPATCH_GIT_COMMIT", "f" * 40)
+    path = bench.save("kernels", _rows(["a"], [1, 8], 2.0), out=out, command="cut", extra={"ceilings": {"r": 1}},
+                      merge=True)  # a run cut after shape a
+    doc = json.loads(path.read_text())
+    by = {(r["shape"], r["tokens"]): r["median_ms"] for r in doc["rows"]}
+    assert by == {("a", 1): 2.0, ("a", 8): 2.0, ("b", 1): 1.0, ("b", 8): 1.0, ("a", 4096): 1.0, ("b", 4096): 1.0}
+    assert [p["git_commit"] for p in doc["parts"]] == ["f" * 40, GOOD] and doc["git_commit"] == "f" * 40
+    assert sorted(map(tuple, doc["parts"][1]["sizes"])) == [("a", 4096), ("b", 1), ("b", 8), ("b", 4096)]
     text = " ".join(bench.provenance(doc).split())
-    assert "in 2 runs: T = 1, 8 on 2026-12-04 at commit bbbbbbbbbb" in text
-    assert "T = 4096 on 2026-12-03 at commit aaaaaaaaaa by" in text
+    assert "in 2 runs: T = 1, 8 for a on" in text and "T = 1, 8, 4096 on" in text and old["date"][:10] in text
+    # the same run saving again after its next shape: its own earlier part is replaced, not repeated
+    path = bench.save("kernels", _rows(["a", "b"], [1, 8], 2.0), out=out, command="full", extra={"ceilings": {"r": 1}},
+                      merge=True)
+    doc = json.loads(path.read_text())
+    assert [p["command"] for p in doc["parts"]] == ["full", "old"] and len(doc["rows"]) == 6
+    assert [list(s) for s in doc["parts"][1]["sizes"]] == [["a", 4096], ["b", 4096]]
+    assert "T = 1, 8 on" in " ".join(bench.provenance(doc).split())
+
+
+def test_merge_refuses_other_ceilings_or_software_and_is_plain_without_a_file(tmp_path, commit):
+    out = tmp_path / "r"
+    path = bench.save("kernels", _rows(["a"], [1], 1.0), out=out, extra={"ceilings": {"r": 1}}, merge=True)
+    assert "parts" not in json.loads(path.read_text())  # nothing recorded before: a plain file
+    with pytest.raises(ValueError, match="its ceilings is .* record every size again"):
+        bench.save("kernels", _rows(["a"], [8], 1.0), out=out, extra={"ceilings": {"r": 2}}, merge=True)
+    old = json.loads(path.read_text())
+    with pytest.raises(ValueError, match="its versions"):
+        results.merged({**old, "versions": {**old["versions"], "torch": "other"}}, old)
+    assert results.merged(old, old) == old  # every size re-measured: nothing of the old file is left

@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", default=None, help="comma-separated token counts")
     p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS}, shorter timing")
     p.add_argument("--no-save", action="store_true")
+    p.add_argument("--merge", action="store_true", help="keep the recorded file's rows at the sizes this run "
+                   "does not measure (its runs listed in 'parts'; refused if GPU, versions or ceilings differ)")
     p.add_argument("--out", default=None, help="results directory (default results/)")
     p.add_argument("--allow-dirty", action="store_true", help=argparse.SUPPRESS)  # read by the harness's CLI
     a = p.parse_args(argv)
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _save(rows, a, argv, dtype):
     cmd = "python -m dispatch_book.bench kernels " + " ".join(argv or [])
-    return bench.save("kernels", rows, command=cmd.strip(), out=a.out,
+    return bench.save("kernels", rows, command=cmd.strip(), out=a.out, merge=a.merge,
                       extra={"dtype": str(dtype).replace("torch.", ""), "tolerance_rel": TOLERANCE,
                              "ceilings": _ceilings(),
                              "timing": f"ours/peer: CUDA graph, median of {ROUNDS} interleaved rounds of 7 x 30"})

@@ -8,9 +8,10 @@ A results file is ``<root>/<gpu-slug>/<name>.json``::
      "rows": [{what was measured..., "median_ms", "min_ms", "max_ms", "samples"}, ...]}
 
 Every row is a flat dict: the case's keys, then the fields of ``time_ms`` (raw medians, in ms).
-A recording merged from runs of one suite at different commits (say small T re-measured after a
-decode change, large T kept because nothing it times changed) lists them in ``"parts"``: one
-``{"tokens", "git_commit", "date", "command"}`` per run; its top-level fields are the newest run's.
+A recording re-measured at some sizes only (``save(..., merge=True)``, e.g. the kernels race at
+T ≤ 64 after a decode change) keeps the file's rows at the other sizes and lists its runs in
+``"parts"``: one ``{"sizes": [[shape, tokens], ...], "git_commit", "date", "command"}`` per run
+(:func:`merged`); its top-level fields are the newest run's.
 
 Where files go and come from:
 
@@ -123,8 +124,10 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def save(name: str, rows: list[dict], *, out: str | os.PathLike | None = None, command: str | None = None,
-         extra: dict | None = None, allow_dirty: bool | None = None) -> pathlib.Path:
-    """Write ``<out>/<gpu-slug>/<name>.json`` (default ``out``: ``_build/results``); returns the path."""
+         extra: dict | None = None, allow_dirty: bool | None = None, merge: bool = False) -> pathlib.Path:
+    """Write ``<out>/<gpu-slug>/<name>.json`` (default ``out``: ``_build/results``); returns the path.
+    ``merge``: keep the rows of the file there at the (shape, tokens) sizes this run did not measure
+    (:func:`merged`)."""
     if not re.fullmatch(r"[a-z0-9_]+", name):
         raise ValueError(f"a results name is lower-case letters, digits and '_', got {name!r}")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
@@ -144,15 +147,58 @@ def save(name: str, rows: list[dict], *, out: str | os.PathLike | None = None, c
         **(extra or {}),
         "rows": rows,
     }
-    text = json.dumps(doc, indent=1) + "\n"  # serialise first: a bad row never leaves half a file
     folder = pathlib.Path(out if out is not None else _cli["out"] or SCRATCH).absolute() / gpu_slug(doc["gpu"])
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
+    if merge and path.is_file():
+        doc = merged(doc, json.loads(path.read_text()))
+    text = json.dumps(doc, indent=1) + "\n"  # serialise first: a bad row never leaves half a file
+    folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
     return path
+
+
+_SAME = ("benchmark", "gpu", "gpu_count", "versions", "ceilings")  # what one merged recording must share
+
+
+def _size(row: dict) -> tuple:
+    return row.get("shape"), row.get("tokens")
+
+
+def _part(doc: dict, rows: list[dict]) -> dict:
+    return {"sizes": sorted({_size(r) for r in rows}, key=str), "git_commit": doc["git_commit"], "date": doc["date"],
+            "command": doc["command"]}
+
+
+def merged(new: dict, old: dict) -> dict:
+    """``new`` plus the rows of ``old`` at the (shape, tokens) sizes ``new`` did not measure, with
+    ``"parts"``: which sizes each run measured (``old``'s parts, less what ``new`` re-measured, after
+    ``new``'s own). ValueError, naming the field, when the two are not one benchmark on one GPU and
+    software, divided by the same ceilings: then every size must be recorded again."""
+    for f in _SAME:
+        if old.get(f) != new.get(f):
+            raise ValueError(f"cannot merge into the recorded {old.get('benchmark')!r} file: its {f} is "
+                             f"{old.get(f)!r:.120}, this run's {new.get(f)!r:.120}; record every size again")
+    done = {_size(r) for r in new["rows"]}
+    kept = [r for r in old["rows"] if _size(r) not in done]
+    if not kept:
+        return new
+    parts = [_part(new, new["rows"])]
+    for p in old.get("parts") or [_part(old, old["rows"])]:
+        left = [s for s in p["sizes"] if tuple(s) not in done]
+        if left:
+            parts.append({**p, "sizes": left})
+    return {**new, "parts": parts, "rows": new["rows"] + kept}
+
+
+def _sizes_text(sizes: list, rows: list[dict]) -> str:
+    """"T = 1, 8, 64", plus "for SHAPES" when the run measured some of the recording's shapes only."""
+    tokens = sorted({t for _, t in sizes if t is not None})
+    shapes = sorted({s for s, _ in sizes if s is not None})
+    text = f"T = {', '.join(map(str, tokens))}"
+    return text if set(shapes) >= {r.get("shape") for r in rows} - {None} else f"{text} for {', '.join(shapes)}"
 
 
 def recorded():
@@ -203,7 +249,7 @@ def provenance(doc: dict) -> str:
             f"(torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}, "
             f"commit {doc['git_commit'][:10]}) by `{doc['command']}`.")
     if doc.get("parts"):  # merged from runs at different commits: which sizes each run measured
-        runs = "; ".join(f"T = {', '.join(map(str, p['tokens']))} on {p['date'][:10]} at commit "
+        runs = "; ".join(f"{_sizes_text(p['sizes'], doc['rows'])} on {p['date'][:10]} at commit "
                          f"{p['git_commit'][:10]} by `{p['command']}`" for p in doc["parts"])
         text = (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} (torch {v['torch']}, triton "
                 f"{v['triton']}, transformers {v['transformers']}) in {len(doc['parts'])} runs: {runs}.")
