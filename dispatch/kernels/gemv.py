@@ -170,7 +170,7 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     (``dispatch.quant.QuantizedTensor``, block_h / block_id inside their scale blocks: chapter 7).
     ``shared`` (checked, unquantized weights only): [T·(K + n), H], the n shared experts' rows after
     each token's K. ``act(a) → (fp8 codes, scales)`` (w8a8, fp8 weights, ``block_m`` ≥ 16):
-    x and h quantized before the kernel that multiplies them by ``weight``."""
+    x and h quantized before the kernel that multiplies them by the weights."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     if T == 0 or E == 0:
         ns = n_shared(shared, I)

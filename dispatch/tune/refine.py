@@ -115,6 +115,7 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             continue
         w8a8 = scheme.endswith("+w8a8")
         qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme.removesuffix("+w8a8")) if scheme else None
+        fit = functools.partial(fit_scales, qe=qe, w8a8=w8a8) if qe else (lambda c: c)
         entry = {**old, "buckets": {T: dict(b) for T, b in old["buckets"].items()}}
         for T, b in entry["buckets"].items():
             if "decode" not in b or (tokens is not None and int(T) not in tokens):
@@ -122,7 +123,6 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             case = make_case(name, int(T), dev, dtype, w)
             run = _runner(kind, qe, case, w8a8)
             start = tiles.DecodeConfig(**b["decode"])
-            fit = functools.partial(fit_scales, qe=qe, w8a8=w8a8) if qe else (lambda c: c)
             best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log, fit=fit)
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
             # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it

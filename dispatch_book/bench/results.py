@@ -167,9 +167,9 @@ def _size(row: dict) -> tuple:
     return row.get("shape"), row.get("tokens")
 
 
-def _part(doc: dict, rows: list[dict]) -> dict:
-    return {"sizes": sorted({_size(r) for r in rows}, key=str), "git_commit": doc["git_commit"], "date": doc["date"],
-            "command": doc["command"]}
+def _part(doc: dict) -> dict:
+    return {"sizes": sorted({_size(r) for r in doc["rows"]}, key=str), "git_commit": doc["git_commit"],
+            "date": doc["date"], "command": doc["command"]}
 
 
 def merged(new: dict, old: dict) -> dict:
@@ -185,20 +185,20 @@ def merged(new: dict, old: dict) -> dict:
     kept = [r for r in old["rows"] if _size(r) not in done]
     if not kept:
         return new
-    parts = [_part(new, new["rows"])]
-    for p in old.get("parts") or [_part(old, old["rows"])]:
+    parts = [_part(new)]
+    for p in old.get("parts") or [_part(old)]:
         left = [s for s in p["sizes"] if tuple(s) not in done]
         if left:
             parts.append({**p, "sizes": left})
     return {**new, "parts": parts, "rows": new["rows"] + kept}
 
 
-def _sizes_text(sizes: list, rows: list[dict]) -> str:
+def _sizes_text(sizes: list, all_shapes: set) -> str:
     """"T = 1, 8, 64", plus "for SHAPES" when the run measured some of the recording's shapes only."""
     tokens = sorted({t for _, t in sizes if t is not None})
     shapes = sorted({s for s, _ in sizes if s is not None})
     text = f"T = {', '.join(map(str, tokens))}"
-    return text if set(shapes) >= {r.get("shape") for r in rows} - {None} else f"{text} for {', '.join(shapes)}"
+    return text if set(shapes) >= all_shapes else f"{text} for {', '.join(shapes)}"
 
 
 def recorded():
@@ -244,13 +244,14 @@ def provenance(doc: dict) -> str:
     """One sentence saying where and when a recorded file was measured."""
     if not isinstance(doc, dict):
         raise ValueError("provenance() needs a results document; load() found no recorded file")
-    v = doc["versions"]
-    text = (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} on {doc['date'][:10]} "
-            f"(torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}, "
-            f"commit {doc['git_commit'][:10]}) by `{doc['command']}`.")
-    if doc.get("parts"):  # merged from runs at different commits: which sizes each run measured
-        runs = "; ".join(f"{_sizes_text(p['sizes'], doc['rows'])} on {p['date'][:10]} at commit "
+    v, on = doc["versions"], f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']}"
+    software = f"torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}"
+    if not doc.get("parts"):
+        text = (f"{on} on {doc['date'][:10]} ({software}, commit {doc['git_commit'][:10]}) "
+                f"by `{doc['command']}`.")
+    else:  # merged from runs at different commits: which sizes each run measured
+        shapes = {r.get("shape") for r in doc["rows"]} - {None}
+        runs = "; ".join(f"{_sizes_text(p['sizes'], shapes)} on {p['date'][:10]} at commit "
                          f"{p['git_commit'][:10]} by `{p['command']}`" for p in doc["parts"])
-        text = (f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']} (torch {v['torch']}, triton "
-                f"{v['triton']}, transformers {v['transformers']}) in {len(doc['parts'])} runs: {runs}.")
+        text = f"{on} ({software}) in {len(doc['parts'])} runs: {runs}."
     return textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column

@@ -7,6 +7,16 @@
 set -u
 . "$(dirname "$0")/prelude.sh" "$@"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The Jupyter stack the chapters need (papermill, nbformat, ...): the GPU image has none and no network.
+# `make gpu-wheels` downloads it into .whl here; carry .whl to the GPU machine and it is installed below.
+if ! python3 -c "import papermill, nbformat" 2>/dev/null; then
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+  else
+    echo "no papermill/nbformat here: run \`make gpu-wheels\` and carry .whl to this machine" >&2
+  fi
+fi
 LIMIT=${LIMIT:-460}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 timeout "$LIMIT" python3 -m pytest tests -m gpu -q -p no:cacheprovider -rf > "$OUT/tests.log" 2>&1 &

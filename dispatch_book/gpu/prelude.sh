@@ -8,13 +8,3 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -n "${DISPATCH_GIT_COMMIT:-}" ] || { echo "set DISPATCH_GIT_COMMIT=<commit of this tree>"; exit 2; }
 start=$(date +%s)
 left() { echo $(( ${TOTAL:-${TOTAL_DEFAULT:-560}} - ($(date +%s) - start) )); }
-# The Jupyter stack the chapters need (papermill, nbformat, ...): the GPU image has none and no network.
-# `make gpu-wheels` downloads it into .whl here; carry .whl to the GPU machine and it is installed below.
-if ! python3 -c "import papermill, nbformat" 2>/dev/null; then
-  if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
-  else
-    echo "no papermill/nbformat here: run \`make gpu-wheels\` and carry .whl to this machine" >&2
-  fi
-fi
