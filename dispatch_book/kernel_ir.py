@@ -112,20 +112,26 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
 
 # the decode up kernel's weight formats: (name, pointer type, bytes a weight)
 DECODE_WEIGHTS = (("bf16", "*bf16", 2), ("int8", "*i8", 1), ("fp8", "*fp8e4nv", 1))
+# its loop's variants: those with bf16 activations, then fp8 codes with fp8 activations (w8a8, their
+# scales per 128 columns) and with fp16 activations: (name, weights' type, bytes a weight, x's type)
+DECODE_LOOPS = tuple(w + ("*bf16",) for w in DECODE_WEIGHTS) + (("fp8 × fp8", "*fp8e4nv", 1, "*fp8e4nv"),
+                                                                 ("fp8, fp16 x", "*fp8e4nv", 1, "*fp16"))
 
 
-def _decode_up(weights: str, wtype: str, *, block_i: int = 32, block_h: int = 128, stages: int = 3):
-    """(kernel, signature, constexprs) of the decode up kernel (chapter 3) with 16-row tiles and
-    ``weights`` of pointer type ``wtype``; 8-bit codes with one scale per row."""
+def _decode_up(wtype: str, *, block_i: int = 32, block_h: int = 128, stages: int = 3, xtype: str = "*bf16"):
+    """(kernel, signature, constexprs) of the decode up kernel (chapter 3) with 16-row tiles, weights
+    of pointer type ``wtype`` (8-bit codes with one scale per row) and activations of ``xtype``."""
     os.environ.setdefault("TRITON_INTERPRET", "0")
     from dispatch.kernels import gemv_kernels as gk
 
     fn = gk._up_swiglu_kernel
     _check_compiled(fn)
-    q = weights != "bf16"
-    const = dict(SBR=1, SBC=1 << 20, QUANT=q, W8A8=False, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
+    q, w8a8 = wtype != "*bf16", xtype == "*fp8e4nv"
+    const = dict(SBR=1, SBC=1 << 20, QUANT=q, W8A8=w8a8, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
                  BLOCK_E=64, CHUNK_N=16, NUM_STAGES=stages, PDL=False, NS=0)
-    return fn, _signature(fn, const, {"gu_ptr": wtype, "gs_ptr": "*fp32"}), const
+    h = "*fp16" if xtype == "*fp16" else "*bf16"
+    ptrs = {"gu_ptr": wtype, "gs_ptr": "*fp32", "x_ptr": xtype, "h_ptr": h, "xs_ptr": "*fp32"}
+    return fn, _signature(fn, const, ptrs), const
 
 
 def decode_conversions(target: int = 90) -> list[dict]:
@@ -136,7 +142,7 @@ def decode_conversions(target: int = 90) -> list[dict]:
     for weights, wtype, _ in DECODE_WEIGHTS:
         if weights == "fp8" and target < 89:
             continue  # no fp8 below sm_89
-        c = compile_offline(*_decode_up(weights, wtype), target=target, num_warps=4)
+        c = compile_offline(*_decode_up(wtype), target=target, num_warps=4)
         rows.append({"weights": weights, **{k: c[k] for k in ("cvt_scalar", "cvt_packed", "byte_permutes")}})
     return rows
 
@@ -159,6 +165,13 @@ def _sass(cubin: bytes) -> tuple[list[str], int]:
     return sass, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
+def mma_ops(sass: list[str]) -> dict:
+    """{tensor-core MMA opcode with its modifiers: count} in SASS lines (e.g. ``HMMA.16816.F32.BF16``:
+    bf16 operands, fp32 sums; ``QMMA.16832.F32.E4M3.E4M3``: fp8 operands)."""
+    return dict(collections.Counter(m.group(1) for ln in sass
+                                    if (m := re.search(r"\b((?:H|Q)MMA\.\S+|(?:H|Q)GMMA\.\S+)", ln))))
+
+
 def mma_loop(sass: list[str]) -> list[str]:
     """The opcodes of the shortest loop (a backward branch to a label) that holds a tensor-core MMA:
     the kernel's steady state, one iteration of its reduction loop."""
@@ -167,24 +180,27 @@ def mma_loop(sass: list[str]) -> list[str]:
                                                       ln)) else None for ln in sass]
     loops = [ops[labels[m.group(1)]:j + 1] for j, ln in enumerate(sass)
              if (m := re.search(r"BRA\s+`?\(?(\.L_x_\d+)", ln)) and labels.get(m.group(1), j) < j]
-    body = min((lp for lp in loops if {"HMMA", "HGMMA"} & set(lp)), key=len)
+    body = min((lp for lp in loops if {"HMMA", "HGMMA", "QMMA", "QGMMA"} & set(lp)), key=len)
     return [o for o in body if o]
 
 
 def decode_loop_mix(target: int = 90, block_i: int = 32, block_h: int = 128, warps: int = 4,
                     stages: int = 4) -> list[dict]:
-    """The decode up kernel (16-row tiles, one scale per row) with bf16, int8 and fp8 weights compiled
-    for sm_<target>: its reduction loop's instructions (per warp and iteration, by opcode), the
-    weight bytes a warp streams per iteration, instructions per KiB of weights, registers a thread."""
+    """The decode up kernel (16-row tiles, one scale per row) compiled for sm_<target> with each of
+    :data:`DECODE_LOOPS` (bf16 activations but for fp8 × fp8 and fp16 x): its reduction loop's
+    instructions (per warp and iteration, by opcode), the weight bytes a warp streams per iteration,
+    instructions per KiB of weights, registers a thread, and the kernel's MMA opcodes."""
     rows = []
-    for weights, wtype, size in DECODE_WEIGHTS:
-        c = _compile(*_decode_up(weights, wtype, block_i=block_i, block_h=block_h, stages=stages), target,
-                     warps, stages)
+    for weights, wtype, size, xtype in DECODE_LOOPS:
+        if wtype == "*fp8e4nv" and target < 89:
+            continue  # no fp8 below sm_89
+        kernel = _decode_up(wtype, block_i=block_i, block_h=block_h, stages=stages, xtype=xtype)
+        c = _compile(*kernel, target, warps, stages)
         sass, regs = _sass(c.asm["cubin"])
         loop = mma_loop(sass)
         per_warp = 2 * block_h * block_i * size / warps  # gate and up tiles, shared by the warps
         rows.append({"weights": weights, "loop_instructions": len(loop), "bytes_per_warp": per_warp,
-                     "per_kib": len(loop) * 1024 / per_warp, "registers": regs,
+                     "per_kib": len(loop) * 1024 / per_warp, "registers": regs, "mma": mma_ops(sass),
                      "top": dict(collections.Counter(loop).most_common(6))})
     return rows
 

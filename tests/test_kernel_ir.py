@@ -2,6 +2,7 @@
 this CPU: software-pipelined (asynchronous copies into shared memory) with the next MMA issued
 before the last one is waited for. A change that breaks either would cost the large-T speed.
 Compiled in a fresh process: the kernels must be defined for the compiler, not the interpreter."""
+import functools
 import json
 import os
 import subprocess
@@ -160,17 +161,35 @@ def test_mma_loop_finds_the_innermost_loop_with_an_mma():
     assert mma_loop(sass) == ["LDS", "HMMA", "BRA"]
 
 
+@functools.cache
+def _loops(target: int) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-m", "dispatch_book.kernel_ir", "--loop", "--target", str(target)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {r["weights"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
 def test_decode_loop_mix_counts_what_a_kib_of_codes_costs():
     """The decode up kernel compiled for sm_90: its loop issues several times more instructions per KiB
     of int8 or fp8 codes than per KiB of bf16 weights (the codes are converted before the MMA), and
-    holds at least as many registers a thread."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-m", "dispatch_book.kernel_ir", "--loop", "--target", "90"],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = {r["weights"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
-    assert set(rows) == {"bf16", "int8", "fp8"}
+    holds at least as many registers a thread. fp8 codes unpacked to fp16 (beside fp8 or fp16
+    activations) cost fewer instructions than placing their bits into bf16."""
+    rows = _loops(90)
+    assert set(rows) == {"bf16", "int8", "fp8", "fp8 × fp8", "fp8, fp16 x"}
     bf = rows["bf16"]
     assert bf["top"].get("HMMA", 0) > 0 and bf["bytes_per_warp"] == 2 * rows["int8"]["bytes_per_warp"]
     for w in ("int8", "fp8"):
         assert rows[w]["per_kib"] > 3 * bf["per_kib"] and rows[w]["registers"] >= bf["registers"], rows[w]
+    for w in ("fp8 × fp8", "fp8, fp16 x"):
+        assert bf["per_kib"] < rows[w]["per_kib"] < rows["fp8"]["per_kib"], rows[w]
+
+
+def test_decode_w8a8_runs_fp16_mmas_on_sm90_and_fp8_mmas_on_sm89():
+    """What chapter 7 says of the 16-row decode tiles on fp8 activations: sm_90 has no fp8 form of
+    their MMA (its fp8 MMAs are warpgroup ones), so both operands become fp16 (HMMA without .BF16);
+    sm_89 multiplies the codes on its fp8 MMAs (QMMA ... E4M3)."""
+    hopper, ada = _loops(90)["fp8 × fp8"]["mma"], _loops(89)["fp8 × fp8"]["mma"]
+    assert hopper and all(op.startswith("HMMA.") and "BF16" not in op for op in hopper), hopper
+    assert ada and all(op.startswith("QMMA.") and op.endswith("E4M3.E4M3") for op in ada), ada
+    assert set(_loops(90)["bf16"]["mma"]) == {"HMMA.16816.F32.BF16"}

@@ -9,9 +9,13 @@ tensor cores run in bf16/fp16 (fp32 under the interpreter), and every code is co
 registers before its MMA. ``w8a8`` (fp8 codes): x, and h between the two kernels, are quantized
 to fp8 too (``fp8_rows``: one scale per token and 128 columns, whatever the weights' scales: one
 scale per token would leave one program to walk a whole row of h, 14336 columns for Mixtral —
-measured on an H200, 3.5× slower than w8a16 at one token), and the codes go to the fp8 tensor
-cores as they are loaded — no conversion at all; each 128-column chunk's product is scaled by both
-scales; 16-row tiles only (``fit_w8a8``), three launches plus the two quantizing ones.
+measured on an H200, 3.5× slower than w8a16 at one token); each 128-column chunk's product is
+scaled by both scales; 16-row tiles only (``fit_w8a8``), three launches plus the two quantizing
+ones. On sm_89 (Ada) the codes go to fp8 MMAs as they are loaded (``QMMA``); sm_90 (Hopper) has
+fp8 MMAs only in its 64-row warpgroup form, so for these 16-row tiles Triton unpacks both operands
+to fp16, two codes an instruction, and runs fp16 MMAs (``python -m dispatch_book.kernel_ir --loop``
+compiles the loop offline and shows it; chapter 7): on the H200 what w8a8 decoding saves is the
+weight-only path's conversion of codes to bf16, not tensor-core time.
 
 fp8 e4m3 codes need an sm_89+ GPU (Ada, Hopper) for Triton's conversions; int8 runs everywhere
 (a T4, and the CPU interpreter). Plain-PyTorch twin: :func:`moe_decode_quant_torch`.
@@ -63,8 +67,8 @@ def fp8_act(a_MK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fit_w8a8(cfg: DecodeConfig) -> DecodeConfig:
-    """``cfg`` for w8a8 decode: 16-row tiles (fp8 MMAs; no one-row FMA path), reduction chunks of
-    32 (an fp8 MMA's K) to 128 (one activation scale), three launches (h is quantized between them)."""
+    """``cfg`` for w8a8 decode: 16-row tiles (MMAs; no one-row FMA path), reduction chunks of 32 (an
+    fp8 MMA's K) to 128 (one activation scale), three launches (h is quantized between them)."""
     return replace(cfg, block_m=max(16, cfg.block_m), block_h=min(W8A8_GROUP, max(32, cfg.block_h)),
                    block_id=min(W8A8_GROUP, max(32, cfg.block_id)), fused=0)
 
@@ -101,7 +105,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
     for this scheme where ``python -m dispatch.tune --quant`` wrote them — the H200 table has
     int8-channel, fp8-block128 and fp8-channel for the four benchmark shapes — else the bf16
     decode's, tuned or heuristic, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
-    ``w8a8`` (fp8 schemes, sm_89+): fp8 activations and fp8 tensor cores; the table's
+    ``w8a8`` (fp8 schemes, sm_89+): fp8 activations, fp8 × fp8 products; the table's
     '<scheme>+w8a8' decode tiles, else the weight-only ones, through :func:`fit_w8a8` (a given
     ``config`` must already fit: 16-row tiles, chunks of ≥ 32, not fused).
     The kernels are the decode kernels of ``moe_decode`` with ``QUANT=True`` (and ``W8A8``).

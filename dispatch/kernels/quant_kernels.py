@@ -10,7 +10,9 @@ bf16, dequantized in registers, never in memory:
                                                e4m3 has 3 mantissa bits), bf16/fp16 tensor cores
     w8a8   acc += (a8 @ codes) · s_M · scale_N    a8, s_M: the activations quantized once before the
                                                GEMM (``fp8_rows``: fp8 codes, one scale per token and
-                                               128 columns); fp8 tensor cores (sm_89+)
+                                               128 columns); fp8 MMAs (sm_89+; on sm_90
+                                               only the grouped GEMM's 64-row warpgroup MMAs:
+                                               16-row decode tiles run as fp16 MMAs there)
 
 A reduction chunk (BLOCK_K) never straddles two scale blocks (the launchers check it), so one scale
 per output column covers the whole chunk. Where one scale covers a whole row (per-channel schemes,
