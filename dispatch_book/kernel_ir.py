@@ -44,6 +44,18 @@ def _signature(fn, const: dict, ptrs: dict | None = None) -> dict:
     return {n: typed(n) for n in fn.arg_names}
 
 
+def offline(*args: str, env: dict | None = None) -> list:
+    """``python -m dispatch_book.kernel_ir ARGS --json``'s answer, parsed: run in a fresh process that
+    compiles (``TRITON_INTERPRET=0``, whatever this one runs; ``env``: more variables). How a
+    chapter asks the compiler from a notebook."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "dispatch_book.kernel_ir", *args, "--json"], capture_output=True,
+                         env={**os.environ, "TRITON_INTERPRET": "0", **(env or {})}, text=True, check=True)
+    return json.loads(run.stdout.splitlines()[-1])
+
+
 def _check_compiled(fn) -> None:
     """Refuse a kernel defined for Triton's interpreter (it cannot be compiled), saying the fix."""
     if not hasattr(fn, "cache_key"):
