@@ -14,15 +14,17 @@ def test_measure_rows_on_tiny():
     rows, memory = qb.measure("tiny", (2, 80), torch.device("cpu"), 1e12, timer=once, log=lambda *_: None)
     assert [r["path"] for r in rows] == ["decode", "grouped"]
     w8a8 = {"fp8-block128+w8a8", "fp8-channel+w8a8"}  # decode and grouped, on fp8 activations
-    assert set(rows[0]["contestants"]) == {"bf16", "hf_fp8", *qb.quant.SCHEMES} | w8a8
-    assert w8a8 <= set(rows[1]["contestants"])
+    fp16 = {"fp8-block128+fp16", "fp8-channel+fp16"}  # decode only: fp8 codes beside fp16 activations
+    assert set(rows[0]["contestants"]) == {"bf16", "hf_fp8", *qb.quant.SCHEMES} | w8a8 | fp16
+    assert w8a8 <= set(rows[1]["contestants"]) and not fp16 & set(rows[1]["contestants"])
     for r in rows:
         # transformers' fp8 experts fetch their kernels from the Hub: here the reason is recorded
         assert "kernel" in r["contestants"].pop("hf_fp8")["skipped"]
         for name, c in r["contestants"].items():
             assert c["bytes_read"] > 0 and c["speedup_vs_bf16"] == 1.0
-            if name != "bf16":
-                assert c["rel_err_twin"] < 1e-5 and c["bytes_read"] < r["contestants"]["bf16"]["bytes_read"]
+            if name != "bf16":  # fp16 activations: h rounded to fp16 in the kernels, kept in fp32 by the twin
+                assert c["rel_err_twin"] < (2e-3 if name.endswith("+fp16") else 1e-5), (name, c)
+                assert c["bytes_read"] < r["contestants"]["bf16"]["bytes_read"]
     assert all(0.5 <= m["ratio"] < 0.55 for m in memory)
 
 

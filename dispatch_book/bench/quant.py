@@ -9,7 +9,9 @@ layer errors of those two shapes only.
 For each shape the bf16 experts are quantized with every scheme of :data:`dispatch.quant.SCHEMES`;
 for each token count one routing (softmax top-K of random logits) is given to every contestant:
 
-    T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme, and w8a8 (fp8 schemes)
+    T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme, and w8a8 (fp8 schemes),
+             and fp8 codes beside fp16 activations (``<scheme>+fp16``: a model run in fp16, x cast
+             outside the timed call, the weight-only tiles)
     T > 64   bf16 ``moe_experts`` vs  ``moe_experts_quant`` w8a16 per scheme, and w8a8 (fp8 schemes),
              also with TMA off (``<scheme>+w8a8 no TMA``: what the descriptor loads are worth, Hopper)
     any T    ``hf_fp8``: transformers' own fp8 experts on the fp8-block128 codes, where it runs
@@ -33,10 +35,10 @@ import torch
 
 from dispatch import quant, runtime
 from dispatch.config import PRESETS, random_weights
-from dispatch.kernels import quant_kernels, tma
+from dispatch.kernels import quant_kernels, tiles, tma
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
-from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.reference import route_reference
 from dispatch_book import bench
@@ -75,9 +77,10 @@ def contestants(T, x, w_TK, ids, gu, dn, qes):
         for s, qe in qes.items():
             out[s] = (lambda q=qe: moe_decode_quant(x, w_TK, ids, q),
                       lambda q=qe: moe_decode_quant_torch(x, w_TK, ids, q), s.split("-")[0])
-            if s.startswith("fp8"):  # the decode kernels on fp8 activations: codes straight into the MMA
+            if s.startswith("fp8"):  # on fp8 activations (on sm_90's 16-row tiles: fp16 MMAs, chapter 7)
                 out[s + "+w8a8"] = (lambda q=qe: moe_decode_quant(x, w_TK, ids, q, w8a8=True),
                                     lambda q=qe: moe_decode_quant_torch(x, w_TK, ids, q, w8a8=True), "w8a8")
+                out[s + "+fp16"] = _fp16_contestant(x, w_TK, ids, qe, s)
     else:
         out = {"bf16": (lambda: moe_experts(x, w_TK, ids, gu, dn), None, None)}
         for s, qe in qes.items():
@@ -91,6 +94,17 @@ def contestants(T, x, w_TK, ids, gu, dn, qes):
         build = functools.cache(lambda: hf_baselines.fp8_experts(qes["fp8-block128"]))
         out["hf_fp8"] = (lambda: build()(x, ids, w_TK.to(x.dtype)), None, "w8a8")
     return out
+
+
+def _fp16_contestant(x, w_TK, ids, qe, scheme: str):
+    """(fn, twin, family) of fp8 codes beside fp16 activations — a model run in fp16 — on the tiles the
+    weight-only contestant runs (x's dtype's entry): codes unpacked to fp16 by the hardware instead of
+    placed into bf16 (chapter 7 counts the loops). x is cast once, outside the timed call."""
+    (T, H), K, (E, I) = x.shape, ids.shape[1], qe.down.shape[::2]  # noqa: E741
+    x16 = x.half()
+    cfg = fit_scales(tiles.decode_config(T, K, E, H, I, x.dtype, x.device, scheme), qe)
+    return (lambda: moe_decode_quant(x16, w_TK, ids, qe, config=cfg),
+            lambda: moe_decode_quant_torch(x16, w_TK, ids, qe), "fp8")
 
 
 def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=print,
