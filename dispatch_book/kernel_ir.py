@@ -69,6 +69,9 @@ def _compile(fn, signature: dict, constexprs: dict, target: int, num_warps: int,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default and p.name not in constexprs}
+    signature = {n: "constexpr" if n in defaults else t for n, t in signature.items()}
+    constexprs = {**constexprs, **defaults}  # a constexpr left out takes its default, as at a launch
     names = list(signature)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] not in ("constexpr", "fp32")}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)

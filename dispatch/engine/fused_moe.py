@@ -141,7 +141,7 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tens
     _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
         x_1H, ids_1K, gate_up_E2IH, gate_up_E2IH, h_KI, K, K, E, H, I, x_1H.stride(0), ids_1K.stride(0),
         ids_1K.stride(1), gate_up_E2IH.stride(0), gate_up_E2IH.stride(1), 0, 0, 0, h_KI.stride(0),
-        gate_up_E2IH, 0, x_1H, 0, NS=0,  # no shared expert rides along; no activation scales
+        gate_up_E2IH, 0, x_1H, 0, trace_ptr=x_1H, NS=0,  # no shared expert, activation scales or trace
         SBR=1, SBC=1, QUANT=False, W8A8=False, LATE_SCALE=False,  # unquantized weights; no scales
         BLOCK_M=16, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_1H.device, late=True))

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from dispatch.kernels.gemv_kernels import _down_item, _expert_counts, _up_item
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
+from dispatch.kernels.trace import record, stamp
 
 COUNTERS = tl.constexpr(2)  # ws[0]: the ticket, ws[1]: programs that have left; then a counter per slot, per H tile
 
@@ -97,13 +98,14 @@ def _wait_for(ptr, target):
 def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, h_ptr, out_ptr, y_ptr, ws_ptr,
                          N, T, K, E, H, I, LAG,
                          s_xt, s_it, s_ik, s_wt, s_wk, s_ge, s_gi, s_gse, s_gsr, s_gsc,
-                         s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, s_yt, sgu_ptr, s_sgi, sdn_ptr, s_sdh,
+                         s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, s_yt, sgu_ptr, s_sgi, sdn_ptr, s_sdh, trace_ptr,
                          G_SBR: tl.constexpr, G_SBC: tl.constexpr, G_QUANT: tl.constexpr, G_LATE: tl.constexpr,
                          D_SBR: tl.constexpr, D_SBC: tl.constexpr, D_QUANT: tl.constexpr, D_LATE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HO: tl.constexpr, BLOCK_ID: tl.constexpr, BLOCK_E: tl.constexpr,
                          CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr, KP: tl.constexpr,
-                         BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK_T: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr = False):
+    """Every up and down item, by ticket (the module's docstring); TRACE: row ``ticket`` of trace_ptr."""
     pdl_enter(PDL)
     count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles_u = tl.cdiv(I, BLOCK_I)
@@ -114,6 +116,7 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
     ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
     while ticket < n_up + used * tiles_d:
         up, item = _ticket_item(ticket, used, tiles_u, tiles_d, LAG)
+        t0 = stamp(TRACE)
         if up:
             slot = _up_item(item, tiles_u, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                             s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, x_ptr, 0,
@@ -131,6 +134,7 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
             if tl.atomic_add(tile_ptr + item % tiles_d, 1, sem="acq_rel") == used - 1:  # the tile's last row
                 _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, item % tiles_d, s_it, s_ik, s_on, s_yt,
                               NS, KP, BLOCK_T, BLOCK_HO)
+        record(trace_ptr, ticket, tl.where(up, 0, 1), t0, TRACE)
         ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
     if tl.atomic_add(ws_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:  # the last to leave
         if used == 0:  # no row was routed to a valid expert: every row is selected away, y is zero

@@ -41,6 +41,7 @@ import triton
 from torch.library import custom_op
 
 from dispatch.kernels import decode_fused, pdl, tiles
+from dispatch.kernels import trace as trace_rows
 from dispatch.kernels.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
@@ -113,13 +114,14 @@ def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch
 
 
 def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
-               act=None) -> torch.Tensor:
+               act=None, trace: list | None = None) -> torch.Tensor:
     """y_TH with tiles ``cfg`` (inputs already checked; weights maybe quantized): three launches, or with
-    ``cfg.fused`` one (:mod:`dispatch.kernels.decode_fused`); ``act``: fp8 activations, three (:func:`decode_rows`)."""
+    ``cfg.fused`` one (:mod:`dispatch.kernels.decode_fused`); ``act``: fp8 activations, three (:func:`decode_rows`).
+    ``trace`` (a list; GPU only): each expert kernel's (name, :mod:`dispatch.kernels.trace` rows) appended."""
     if cfg.fused and act is None:
-        return _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared)
+        return _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared, trace)
     ns = n_shared(shared, down_EHI.shape[2])
-    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared, act=act)
+    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared, act=act, trace=trace)
     # rows with an id outside [0, E) were never written: the combine selects them away
     return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype, extra=ns)
 
@@ -163,14 +165,14 @@ def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared) -> _Operands:
 
 
 def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
-                act=None) -> torch.Tensor:
+                act=None, trace: list | None = None) -> torch.Tensor:
     """The first two launches of :func:`moe_decode` (inputs already checked): → out_NH [T·K, H] fp32,
     row t·K + k = weights_TK[t, k] · expert_{ids_TK[t, k]}(x_t); rows with an id outside [0, E) are left
     unwritten (expert parallelism sums them elsewhere, or never). The weights may be quantized
     (``dispatch.quant.QuantizedTensor``, block_h / block_id inside their scale blocks: chapter 7).
     ``shared`` (checked, unquantized weights only): [T·(K + n), H], the n shared experts' rows after
     each token's K. ``act(a) → (fp8 codes, scales)`` (w8a8, fp8 weights, ``block_m`` ≥ 16):
-    x and h quantized before the kernel that multiplies them by the weights."""
+    x and h quantized before the kernel that multiplies them by the weights. ``trace``: as for run_decode."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     if T == 0 or E == 0:
         ns = n_shared(shared, I)
@@ -181,11 +183,13 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     slots = min(E + ns, N)  # at most this many distinct experts are used
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
+    tr_up, tr_dn = trace_rows.buffers(trace, x_TH, ("up", slots * triton.cdiv(I, cfg.block_i)),
+                                      ("down", slots * triton.cdiv(H, cfg.block_ho)))
     xq, xs = act(x_TH) if act else (x_TH, x_TH)  # no act: xs never read
     _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
         xq, ids_TK, gu, gs, h_NI, N, K, E, H, I,
         xq.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
-        sgu, sgu.stride(0), xs, xs.stride(0), W8A8=act is not None, **g_const,
+        sgu, sgu.stride(0), xs, xs.stride(0), tr_up, W8A8=act is not None, **g_const, TRACE=trace is not None,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     hq, hs = act(h_NI) if act else (h_NI, h_NI)
@@ -193,13 +197,14 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
         hq, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         dn.stride(0), dn.stride(1), *ds_strides, hq.stride(0), out_NH.stride(0), sdn, sdn.stride(0),
-        hs, hs.stride(0), W8A8=act is not None, **d_const,
+        hs, hs.stride(0), tr_dn, W8A8=act is not None, **d_const, TRACE=trace is not None,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     return out_NH
 
 
-def _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, shared) -> torch.Tensor:
+def _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, shared,
+                trace=None) -> torch.Tensor:
     """y_TH of the same items in one launch (:mod:`dispatch.kernels.decode_fused`; inputs already checked)."""
     (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     if T == 0 or E == 0:
@@ -214,16 +219,18 @@ def _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
+    tr, = trace_rows.buffers(trace, x_TH, ("one launch", min(E + ns, N) * (tiles_u + tiles_d)))
     decode_fused._fused_decode_kernel[(max(1, min(cfg.programs, min(E + ns, N) * (tiles_u + tiles_d))),)](
         x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
-        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0),
+        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0), tr,
         G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
         D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
         BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
-        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, **pdl.launch_kw(x_TH.device, late=True))
+        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, TRACE=trace is not None,
+        **pdl.launch_kw(x_TH.device, late=True))
     return y_TH
 
 

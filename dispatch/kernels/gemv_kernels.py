@@ -23,6 +23,7 @@ import triton.language as tl
 
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qdot, _qfma
+from dispatch.kernels.trace import record, stamp
 
 
 @triton.jit
@@ -213,36 +214,42 @@ def _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_p
 
 @triton.jit
 def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-                      s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs,
+                      s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs, trace_ptr,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
                       LATE_SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      PDL: tl.constexpr, NS: tl.constexpr):
-    """Every up item; grid (G,): items (slot, I tile), slot-major; program p does items p, p + G, ..."""
+                      PDL: tl.constexpr, NS: tl.constexpr, TRACE: tl.constexpr = False):
+    """Every up item; grid (G,): items (slot, I tile), slot-major; program p does items p, p + G, ...
+    TRACE: each item's SM, program and times in row ``item`` of trace_ptr (:mod:`dispatch.kernels.trace`)."""
     pdl_enter(PDL)  # the expert ids come from the kernel before: nothing to read ahead of them
     count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles = tl.cdiv(I, BLOCK_I)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
+        t0 = stamp(TRACE)
         _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                  s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs, SBR, SBC,
                  QUANT, W8A8, LATE_SCALE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+        record(trace_ptr, item, 0, t0, TRACE)
     pdl_exit(PDL)
 
 
 @triton.jit
 def _down_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                  s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh, hs_ptr, s_hs,
-                 SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
+                 trace_ptr, SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
                  LATE_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
-                 NS: tl.constexpr):
-    """Every down item; grid (G,): items (slot, H tile), slot-major; program p does items p, p + G, ..."""
+                 NS: tl.constexpr, TRACE: tl.constexpr = False):
+    """Every down item; grid (G,): items (slot, H tile), slot-major; program p does items p, p + G, ...
+    TRACE: as the up kernel's."""
     pdl_enter(PDL)
     count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles = tl.cdiv(H, BLOCK_HO)
     for item in range(tl.program_id(0), used * tiles, tl.num_programs(0)):
+        t0 = stamp(TRACE)
         _down_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
                    s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_se, s_sr, s_sc, s_hn, s_on, sdn_ptr, s_sdh, hs_ptr, s_hs,
                    SBR, SBC, QUANT, W8A8, LATE_SCALE, BLOCK_M, BLOCK_HO, BLOCK_I, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+        record(trace_ptr, item, 1, t0, TRACE)
     pdl_exit(PDL)

@@ -43,6 +43,7 @@ SUITES = {
     "e2e": "dispatch_book.bench.e2e",
     "quant": "dispatch_book.bench.quant",
     "step_kernels": "dispatch_book.bench.step_kernels",
+    "timeline": "dispatch_book.bench.timeline",
 }
 
 
