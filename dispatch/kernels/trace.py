@@ -9,7 +9,8 @@ one int64 row per item it runs:
     [SM, program, kind, start, end]     kind 0: an up item, 1: a down item;
                                         start, end: the GPU's nanosecond clock (``%globaltimer``)
 
-at row ``item`` (the one-launch kernel: row ``ticket``). ``TRACE=False`` compiles to nothing, so the
+at row ``item`` (the one-launch kernel: row ``ticket``, and a down item's time includes its wait
+for its slot's up items). ``TRACE=False`` compiles to nothing, so the
 kernels are the same as without this module. GPU only: the clock and the SM id are read by inline
 PTX, which Triton's CPU interpreter cannot run (:func:`new` refuses elsewhere). The buffers come from
 :func:`new`; ``run_decode(..., trace=buffers)`` fills them; :mod:`dispatch_book.bench.timeline`
