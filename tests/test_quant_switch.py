@@ -15,7 +15,7 @@ from triton.compiler import ASTSource
 from dispatch.kernels import gemv_kernels, grouped_kernels
 CONST = dict(BLOCK_M=16, BLOCK_I=64, BLOCK_H=64, BLOCK_E=16, CHUNK_N=16, NUM_STAGES=2, BLOCK_HO=64,
              SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, W8A8=False, WFIRST=False,
-             TOP_K=2, BLOCK_N=64, BLOCK_K=64, EVEN_K=True, GROUP_M=1, NS=0, TMA=False)
+             TOP_K=2, BLOCK_N=64, BLOCK_K=64, EVEN_K=True, GROUP_M=1, NS=0, TMA=False, TRACE=False)
 SCALES = ("gs_ptr", "ds_ptr", "s_ptr", "s_se", "s_sr", "s_sc", "as_ptr", "s_as")
 out = {}
 cases = [(m, f, False) for m in (gemv_kernels, grouped_kernels) for f in (m._up_swiglu_kernel, m._down_kernel)]
