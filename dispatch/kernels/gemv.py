@@ -105,12 +105,17 @@ def check_shared(shared, x_TH, I: int):  # noqa: E741
 def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
                      down_EHI: torch.Tensor, shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None,
                      tile_ints: list[int]) -> torch.Tensor:
-    (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     shared = None if shared_gate_up is None else (shared_gate_up, shared_down)
-    ns = n_shared(shared, I)
     cfg = DecodeConfig(*tile_ints) if tile_ints else \
-        tiles.decode_config(T, K + ns, E + ns, H, I, x_TH.dtype, x_TH.device)
+        decode_tiles(x_TH, ids_TK.shape[1], gate_up_E2IH.shape[0], down_EHI.shape[2], shared)
     return run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
+
+
+def decode_tiles(x_TH, K: int, E: int, I: int, shared=None) -> DecodeConfig:  # noqa: E741
+    """The tiles :func:`moe_decode` takes without a config: the tile policy's for x's T, H, dtype and
+    device, with n shared experts riding along looked up as K + n choices among E + n experts."""
+    ns = n_shared(shared, I)
+    return tiles.decode_config(x_TH.shape[0], K + ns, E + ns, x_TH.shape[1], I, x_TH.dtype, x_TH.device)
 
 
 def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
@@ -183,17 +188,17 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     slots = min(E + ns, N)  # at most this many distinct experts are used
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
-    tr_up, tr_dn = trace_rows.buffers(trace, x_TH, ("up", slots * triton.cdiv(I, cfg.block_i)),
-                                      ("down", slots * triton.cdiv(H, cfg.block_ho)))
+    tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
+    tr_up, tr_dn = trace_rows.buffers(trace, x_TH, ("up", slots * tiles_u), ("down", slots * tiles_d))
     xq, xs = act(x_TH) if act else (x_TH, x_TH)  # no act: xs never read
-    _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
+    _up_swiglu_kernel[(cfg.grid(slots, tiles_u),)](
         xq, ids_TK, gu, gs, h_NI, N, K, E, H, I,
         xq.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
         sgu, sgu.stride(0), xs, xs.stride(0), tr_up, W8A8=act is not None, **g_const, TRACE=trace is not None,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     hq, hs = act(h_NI) if act else (h_NI, h_NI)
-    _down_kernel[(cfg.grid(slots, triton.cdiv(H, cfg.block_ho)),)](
+    _down_kernel[(cfg.grid(slots, tiles_d),)](
         hq, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
         ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         dn.stride(0), dn.stride(1), *ds_strides, hq.stride(0), out_NH.stride(0), sdn, sdn.stride(0),
@@ -219,8 +224,9 @@ def _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
-    tr, = trace_rows.buffers(trace, x_TH, ("one launch", min(E + ns, N) * (tiles_u + tiles_d)))
-    decode_fused._fused_decode_kernel[(max(1, min(cfg.programs, min(E + ns, N) * (tiles_u + tiles_d))),)](
+    items = min(E + ns, N) * (tiles_u + tiles_d)  # at most: used experts × their up and down tiles
+    tr, = trace_rows.buffers(trace, x_TH, ("one launch", items))
+    decode_fused._fused_decode_kernel[(max(1, min(cfg.programs, items)),)](
         x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,

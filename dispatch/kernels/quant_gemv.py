@@ -96,6 +96,14 @@ def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts, w8a8: bool = False) -> D
     return fit_w8a8(cfg) if w8a8 else cfg
 
 
+def quant_tiles(x_TH, K: int, experts: QuantizedExperts, w8a8: bool = False) -> DecodeConfig:
+    """The tiles :func:`moe_decode_quant` takes without a config: the table's for this scheme (and
+    '+w8a8') at x's T, H, dtype and device, else the bf16 decode's, through :func:`fit_scales`."""
+    (T, H), (E, _, I) = x_TH.shape, experts.down.shape  # noqa: E741
+    scheme = experts.scheme + ("+w8a8" if w8a8 else "")
+    return fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme), experts, w8a8)
+
+
 def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
                      config: DecodeConfig | None = None, check_ids: bool = False) -> torch.Tensor:
     """:func:`dispatch.kernels.gemv.moe_decode` with quantized experts → y_TH [T, H] in x's dtype.
@@ -117,8 +125,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
     if w8a8:
         check_w8a8(x_TH, experts)
     check_launch("moe_decode_quant", x_TH)
-    scheme = experts.scheme + ("+w8a8" if w8a8 else "")
-    cfg = config or fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme), experts, w8a8)
+    cfg = config or quant_tiles(x_TH, K, experts, w8a8)
     if w8a8 and cfg != fit_w8a8(cfg):
         raise ValueError(f"w8a8 decode runs fp8 MMAs in three launches: block_m ≥ 16, block_h and block_id "
                          f"32 to {W8A8_GROUP}, fused=0; got {cfg}")

@@ -12,9 +12,10 @@ one int64 row per item it runs:
 at row ``item`` (the one-launch kernel: row ``ticket``, and a down item's time includes its wait
 for its slot's up items). ``TRACE=False`` compiles to nothing, so the
 kernels are the same as without this module. GPU only: the clock and the SM id are read by inline
-PTX, which Triton's CPU interpreter cannot run (:func:`new` refuses elsewhere). The buffers come from
-:func:`new`; ``run_decode(..., trace=buffers)`` fills them; :mod:`dispatch_book.bench.timeline`
-turns them into a timeline.
+PTX (Triton's ``tl.extra.cuda.globaltimer`` and ``smid``), which its CPU interpreter cannot run
+(:func:`new` refuses elsewhere). ``run_decode(..., trace=[])`` allocates the buffers (:func:`buffers`),
+appends them to the list and the kernels fill them; :mod:`dispatch_book.bench.timeline` turns them
+into a timeline.
 """
 from __future__ import annotations
 
@@ -48,21 +49,11 @@ def buffers(trace: list | None, stand_in: torch.Tensor, *kernels) -> list[torch.
 
 
 @triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _smid():
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def stamp(TRACE: tl.constexpr):
     """The GPU clock in ns where ``TRACE`` (else 0): the start of an item."""
     t = 0
     if TRACE:
-        t = _globaltimer()
+        t = tl.extra.cuda.globaltimer()
     return t
 
 
@@ -71,9 +62,9 @@ def record(trace_ptr, row, kind, t0, TRACE: tl.constexpr):
     """Row ``row`` of the trace: this SM, this program, ``kind``, t0 and now (``TRACE`` only)."""
     if TRACE:
         tl.debug_barrier()  # every thread of the program has finished the item
-        t1 = _globaltimer()
+        t1 = tl.extra.cuda.globaltimer()
         base = trace_ptr + row.to(tl.int64) * 5
-        tl.store(base, _smid())  # stored as the buffer's int64
+        tl.store(base, tl.extra.cuda.smid())  # stored as the buffer's int64
         tl.store(base + 1, tl.program_id(0))
         tl.store(base + 2, kind)
         tl.store(base + 3, t0)

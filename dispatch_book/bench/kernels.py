@@ -133,14 +133,20 @@ def contestants(cfg, w, x_TH, weights_TK, ids_TK, dev, ref_TH=None):
     return out
 
 
+def race_inputs(cfg, T: int, dev, dtype) -> tuple:
+    """(x_TH, weights_TK, ids_TK) of the race at T tokens: one generator on the device seeded 0, x
+    from randn, routing the softmax top-K of randn logits."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    x_TH = torch.randn(T, cfg.H, device=dev, generator=g, dtype=torch.float32).to(dtype)
+    return (x_TH, *route_reference(torch.randn(T, cfg.E, device=dev, generator=g), cfg))
+
+
 def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=print) -> list[dict]:
     cfg = PRESETS[name]
     w = random_weights(cfg, dtype=dtype, device=dev)
     ceil, rows = _ceilings(), []
     for T in tokens:
-        g = torch.Generator(device=dev).manual_seed(0)
-        x_TH = torch.randn(T, cfg.H, device=dev, generator=g, dtype=torch.float32).to(dtype)
-        weights_TK, ids_TK = route_reference(torch.randn(T, cfg.E, device=dev, generator=g), cfg)
+        x_TH, weights_TK, ids_TK = race_inputs(cfg, T, dev, dtype)
         ref_TH = experts_reference(x_TH, weights_TK.to(dtype), ids_TK, w.gate_up_E2IH, w.down_EHI)
         if cfg.shared_intermediate_size:
             ref_TH = ref_TH + shared_reference(x_TH, cfg, w)

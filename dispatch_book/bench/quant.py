@@ -35,10 +35,10 @@ import torch
 
 from dispatch import quant, runtime
 from dispatch.config import PRESETS, random_weights
-from dispatch.kernels import quant_kernels, tiles, tma
+from dispatch.kernels import quant_kernels, tma
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch, quant_tiles
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.reference import route_reference
 from dispatch_book import bench
@@ -80,7 +80,7 @@ def contestants(T, x, w_TK, ids, gu, dn, qes):
             if s.startswith("fp8"):  # on fp8 activations (on sm_90's 16-row tiles: fp16 MMAs, chapter 7)
                 out[s + "+w8a8"] = (lambda q=qe: moe_decode_quant(x, w_TK, ids, q, w8a8=True),
                                     lambda q=qe: moe_decode_quant_torch(x, w_TK, ids, q, w8a8=True), "w8a8")
-                out[s + "+fp16"] = _fp16_contestant(x, w_TK, ids, qe, s)
+                out[s + "+fp16"] = _fp16_contestant(x, w_TK, ids, qe)
     else:
         out = {"bf16": (lambda: moe_experts(x, w_TK, ids, gu, dn), None, None)}
         for s, qe in qes.items():
@@ -96,13 +96,11 @@ def contestants(T, x, w_TK, ids, gu, dn, qes):
     return out
 
 
-def _fp16_contestant(x, w_TK, ids, qe, scheme: str):
+def _fp16_contestant(x, w_TK, ids, qe):
     """(fn, twin, family) of fp8 codes beside fp16 activations — a model run in fp16 — on the tiles the
     weight-only contestant runs (x's dtype's entry): codes unpacked to fp16 by the hardware instead of
     placed into bf16 (chapter 7 counts the loops). x is cast once, outside the timed call."""
-    (T, H), K, (E, I) = x.shape, ids.shape[1], qe.down.shape[::2]  # noqa: E741
-    x16 = x.half()
-    cfg = fit_scales(tiles.decode_config(T, K, E, H, I, x.dtype, x.device, scheme), qe)
+    x16, cfg = x.half(), quant_tiles(x, ids.shape[1], qe)
     return (lambda: moe_decode_quant(x16, w_TK, ids, qe, config=cfg),
             lambda: moe_decode_quant_torch(x16, w_TK, ids, qe), "fp8")
 

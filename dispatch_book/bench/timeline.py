@@ -25,10 +25,10 @@ import torch
 
 from dispatch import runtime
 from dispatch.config import PRESETS, random_weights
-from dispatch.kernels import gemv, tiles
+from dispatch.kernels import gemv
 from dispatch.moe import shared_rides_along
-from dispatch.reference import route_reference
 from dispatch_book import bench
+from dispatch_book.bench.kernels import race_inputs
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 TOKENS = (1, 8, 64)
@@ -65,12 +65,10 @@ def trace_layer(name: str, T: int, dev, dtype) -> list[dict]:
     """Rows (one per kernel launch) of the decode path's trace for preset ``name`` at T tokens."""
     cfg = PRESETS[name]
     w = random_weights(cfg, dtype=dtype, device=dev)
-    g = torch.Generator(device=dev).manual_seed(0)  # the kernels race's inputs
-    x_TH = torch.randn(T, cfg.H, device=dev, generator=g, dtype=torch.float32).to(dtype)
-    weights_TK, ids_TK = route_reference(torch.randn(T, cfg.E, device=dev, generator=g), cfg)
+    x_TH, weights_TK, ids_TK = race_inputs(cfg, T, dev, dtype)
     shared = (w.shared_gate_up_2SH, w.shared_down_HS) if shared_rides_along(cfg) else None
     ns = gemv.n_shared(shared, cfg.I)
-    c = tiles.decode_config(T, cfg.K + ns, cfg.E + ns, cfg.H, cfg.I, dtype, dev)
+    c = gemv.decode_tiles(x_TH, cfg.K, cfg.E, cfg.I, shared)
     args = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, c)
     want = gemv.run_decode(*args, shared=shared)
     runs = []
