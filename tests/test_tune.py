@@ -31,6 +31,8 @@ def small_space(monkeypatch):
     monkeypatch.setattr(search, "DECODE_UP", ((16, 32, 1), (32, 16, 1)))
     monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), (32, 16)))
     monkeypatch.setattr(search, "PROGRAMS_PER_SM", (1, 4))
+    monkeypatch.setattr(search, "SPLIT_TILES", ((16, 16), (32, 16)))
+    monkeypatch.setattr(search, "SPLIT_HO", (16, 32))
 
 
 def test_search_loop_on_the_interpreter(tmp_path, small_space):
@@ -319,6 +321,27 @@ def test_the_descent_ends_with_the_one_launch_step(small_space):
         d = search.tune_decode("tiny", 2, case, cpu, lambda fn, c, bonus=bonus: fake_us(fn, c) + bonus * (c.fused > 0),
                                log=lambda s: None)
         assert (DecodeConfig(**d["decode"]).fused > 0) == (bonus < 0)
+
+
+def test_split_items_are_tried_at_few_tokens_and_kept_only_when_faster(small_space):
+    """At T ≤ SPLIT_MAX_T the descent ends with split items (every SPLIT_TILES × grid size, fused=0),
+    then their down chunk; beyond, no split step. A split config wins only when timed faster, and the
+    table's entry round-trips to the config the launcher runs."""
+    from dispatch.kernels.decode_split import SPLIT_MAX_T
+
+    base = DecodeConfig(fused=64)
+    assert len(decode_steps(base, 4, SPLIT_MAX_T + 1)) == len(decode_steps(base, 4)) == 4
+    steps = decode_steps(base, 4, 1)
+    split = steps[4](base)
+    assert {(c.block_i, c.block_ho) for c in split} == set(search.SPLIT_TILES)
+    assert all(c.split == 1 and c.fused == 0 for c in split) and len(split) == 2 * len(search.PROGRAMS_PER_SM)
+    assert steps[5](base) == [] and {c.block_ho for c in steps[5](split[0])} == set(search.SPLIT_HO)
+    assert all(c.split == 0 for c in steps[3](split[0]))  # the one-launch step from a split config: fused only
+    case = search.make_case("tiny", 2, torch.device("cpu"), torch.float32)
+    for bonus in (-30.0, 30.0):
+        d = search.tune_decode("tiny", 2, case, torch.device("cpu"),
+                               lambda fn, c, bonus=bonus: fake_us(fn, c) + bonus * c.split, log=lambda s: None)
+        assert DecodeConfig(**d["decode"]).split == (bonus < 0)
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ replayed at the same time on two streams would share it too (replay them on thei
     lag 2:   U0 U1 | U2 D0 | U3 D1 | ... | U7 D5 | D6 D7      (Us: slot s's up items, Ds: its down items;
     lag 8:   U0 U1 ... U7 | D0 D1 ... D7                         a down item waits for its slot's Us)
 
-Launcher: :func:`dispatch.kernels.gemv.run_decode` with ``DecodeConfig.fused`` (the tuner measures both).
+Launcher: :func:`fused_launch`, which :func:`dispatch.kernels.gemv.run_decode` calls with ``DecodeConfig.fused``
+(the tuner measures both).
 Twin: :func:`dispatch.kernels.gemv.moe_decode_torch`.
 """
 from __future__ import annotations
@@ -36,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dispatch.kernels import pdl
+from dispatch.kernels import trace as trace_rows
 from dispatch.kernels.gemv_kernels import _down_item, _expert_counts, _up_item
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.trace import record, stamp
@@ -162,3 +165,32 @@ def workspace(device: torch.device, n: int) -> torch.Tensor:
         ws = torch.zeros(max(256, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
         _workspaces[(device, stream)] = ws
     return ws
+
+
+def fused_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> torch.Tensor:  # noqa: E741
+    """y_TH of the chain's items in one launch (inputs checked, T ≥ 1; ``op``:
+    :func:`dispatch.kernels.gemv._operands`)."""
+    (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
+    x_TH, ns, N = op.x_TH, op.ns, op.N
+    (T, H), K = x_TH.shape, ids_TK.shape[1]
+    tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
+    ws = workspace(x_TH.device, COUNTERS.value + op.BLOCK_E + tiles_d)
+    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
+        ws.zero_()
+    h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
+    out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
+    y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
+    items = min(E + ns, N) * (tiles_u + tiles_d)  # at most: used experts × their up and down tiles
+    tr, = trace_rows.buffers(trace, x_TH, ("one launch", items))
+    _fused_decode_kernel[(max(1, min(cfg.programs, items)),)](
+        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
+        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
+        gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
+        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0), tr,
+        G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
+        D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
+        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
+        BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
+        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, TRACE=trace is not None,
+        **pdl.launch_kw(x_TH.device, late=True))
+    return y_TH

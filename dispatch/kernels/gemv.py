@@ -12,7 +12,7 @@ So the kernels below
 3. apply a tile to all of its expert's rows at once (``tl.dot`` on ``block_m`` = 16 padded rows; or,
    with ``block_m`` = 1, one row at a time by FMAs on the CUDA cores, which the tuner tries at one
    token), with the whole reduction (over H for gate/up, over I for down) inside one program — no
-   split-K partial sums to reduce;
+   split-K partial sums to reduce (:mod:`dispatch.kernels.decode_split` splits I instead, at a few tokens);
 4. sum each token's K weighted rows with the one k-order combine (fp32, cast once; rows with an id
    outside [0, E) were never written and are selected away).
 
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 import triton
 from torch.library import custom_op
 
-from dispatch.kernels import decode_fused, pdl, tiles
+from dispatch.kernels import decode_fused, decode_split, pdl, tiles
 from dispatch.kernels import trace as trace_rows
 from dispatch.kernels.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
@@ -121,10 +121,15 @@ def decode_tiles(x_TH, K: int, E: int, I: int, shared=None) -> DecodeConfig:  # 
 def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
                act=None, trace: list | None = None) -> torch.Tensor:
     """y_TH with tiles ``cfg`` (inputs already checked; weights maybe quantized): three launches, or with
-    ``cfg.fused`` one (:mod:`dispatch.kernels.decode_fused`); ``act``: fp8 activations, three (:func:`decode_rows`).
+    ``cfg.fused`` one (:mod:`dispatch.kernels.decode_fused`), with ``cfg.split`` one of split items
+    (:mod:`dispatch.kernels.decode_split`); ``act``: fp8 activations, three (:func:`decode_rows`).
     ``trace`` (a list; GPU only): each expert kernel's (name, :mod:`dispatch.kernels.trace` rows) appended."""
-    if cfg.fused and act is None:
-        return _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared, trace)
+    (T, H), E, I = x_TH.shape, gate_up_E2IH.shape[0], down_EHI.shape[2]  # noqa: E741
+    if (cfg.fused or cfg.split) and act is None:  # one launch
+        if T == 0 or E == 0:
+            return torch.zeros(T, H, dtype=x_TH.dtype, device=x_TH.device)
+        launch = decode_fused.fused_launch if cfg.fused else decode_split.split_launch
+        return launch(_operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared), weights_TK, ids_TK, E, I, cfg, trace)
     ns = n_shared(shared, down_EHI.shape[2])
     out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared, act=act, trace=trace)
     # rows with an id outside [0, E) were never written: the combine selects them away
@@ -206,38 +211,6 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     return out_NH
-
-
-def _one_launch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, shared,
-                trace=None) -> torch.Tensor:
-    """y_TH of the same items in one launch (:mod:`dispatch.kernels.decode_fused`; inputs already checked)."""
-    (T, H), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
-    if T == 0 or E == 0:
-        return torch.zeros(T, H, dtype=x_TH.dtype, device=x_TH.device)
-    op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared)
-    (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
-    x_TH, ns, N = op.x_TH, op.ns, op.N
-    tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
-    ws = decode_fused.workspace(x_TH.device, decode_fused.COUNTERS.value + op.BLOCK_E + tiles_d)
-    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
-        ws.zero_()
-    h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
-    out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
-    y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
-    items = min(E + ns, N) * (tiles_u + tiles_d)  # at most: used experts × their up and down tiles
-    tr, = trace_rows.buffers(trace, x_TH, ("one launch", items))
-    decode_fused._fused_decode_kernel[(max(1, min(cfg.programs, items)),)](
-        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
-        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
-        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0), tr,
-        G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
-        D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
-        BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
-        BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
-        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, TRACE=trace is not None,
-        **pdl.launch_kw(x_TH.device, late=True))
-    return y_TH
 
 
 _moe_decode_op = custom_op("dispatch::moe_decode", _moe_decode_impl, mutates_args=())

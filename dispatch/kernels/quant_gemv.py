@@ -70,7 +70,7 @@ def fit_w8a8(cfg: DecodeConfig) -> DecodeConfig:
     """``cfg`` for w8a8 decode: 16-row tiles (MMAs; no one-row FMA path), reduction chunks of 32 (an
     fp8 MMA's K) to 128 (one activation scale), three launches (h is quantized between them)."""
     return replace(cfg, block_m=max(16, cfg.block_m), block_h=min(W8A8_GROUP, max(32, cfg.block_h)),
-                   block_id=min(W8A8_GROUP, max(32, cfg.block_id)), fused=0)
+                   block_id=min(W8A8_GROUP, max(32, cfg.block_id)), fused=0, split=0)
 
 
 def _fits(block: int, t: QuantizedTensor) -> bool:
@@ -92,7 +92,8 @@ def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts, w8a8: bool = False) -> D
         while not _fits(block, t) and block > 16:
             block //= 2
         return block
-    cfg = replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down))
+    cfg = replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down),
+                  block_i=fit(cfg.block_i, qe.down) if cfg.split else cfg.block_i)  # split: down's chunk is an I tile
     return fit_w8a8(cfg) if w8a8 else cfg
 
 
@@ -131,6 +132,8 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
                          f"32 to {W8A8_GROUP}, fused=0; got {cfg}")
     check_chunk("block_h", cfg.block_h, experts.gate_up)
     check_chunk("block_id", cfg.block_id, experts.down)
+    if cfg.split:  # a split item's down products sum over its I tile only
+        check_chunk("block_i", cfg.block_i, experts.down)
     if T == 0:
         return x_TH.new_empty(0, H)
     return run_decode(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg, act=fp8_act if w8a8 else None)

@@ -70,12 +70,16 @@ class DecodeConfig:
     num_stages: int = 3
     programs: int = 1024  # the grid of each kernel; a program loops over (expert, tile) items
     fused: int = 0  # 0: three launches; n ≥ 1: one (dispatch.kernels.decode_fused), down items n slots behind
+    split: int = 0  # 1: one launch of split items (dispatch.kernels.decode_split: block_i, block_h, block_ho)
 
     def __post_init__(self):
         _pow2("DecodeConfig", self, ("block_m", "block_i", "block_h", "block_ho", "block_id"), one=("block_m",))
         if not isinstance(self.fused, int) or self.fused < 0:
             raise ValueError(f"DecodeConfig.fused must be 0 (three launches) or the lag n ≥ 1 of one launch, "
                              f"got {self.fused!r}")
+        if self.split not in (0, 1) or isinstance(self.split, bool) or (self.split and self.fused):
+            raise ValueError(f"DecodeConfig.split must be 0 or 1 (split items), and 1 only with fused=0; "
+                             f"got split={self.split!r}, fused={self.fused!r}")
         if not isinstance(self.programs, int) or self.programs < 1:
             raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
 

@@ -6,11 +6,12 @@ than the others, or an SM whose programs finish early while others still stream,
 unused at the end. To see it, a kernel that takes ``TRACE: tl.constexpr`` and ``trace_ptr`` writes
 one int64 row per item it runs:
 
-    [SM, program, kind, start, end]     kind 0: an up item, 1: a down item;
+    [SM, program, kind, start, end]     kind 0: an up item, 1: a down item, 2: a split item,
+                                        3: a reduce item (:mod:`dispatch.kernels.decode_split`);
                                         start, end: the GPU's nanosecond clock (``%globaltimer``)
 
-at row ``item`` (the one-launch kernel: row ``ticket``, and a down item's time includes its wait
-for its slot's up items). ``TRACE=False`` compiles to nothing, so the
+at row ``item`` (the one-launch kernels: row ``ticket``, and a down or reduce item's time includes
+its wait for the items it needs). ``TRACE=False`` compiles to nothing, so the
 kernels are the same as without this module. GPU only: the clock and the SM id are read by inline
 PTX (Triton's ``tl.extra.cuda.globaltimer`` and ``smid``), which its CPU interpreter cannot run
 (:func:`new` refuses elsewhere). ``run_decode(..., trace=[])`` allocates the buffers (:func:`buffers`),

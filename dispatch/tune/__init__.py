@@ -20,8 +20,11 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
 * **Decode kernels** (T ≤ 256): coordinate descent from the heuristic config — the up kernel's
   (block_i, block_h, stages), then the down kernel's (block_ho, block_id), then the grid size
   (1–16 programs per SM: no recompile), then the same tiles in one launch (``fused``: the lag of the
-  down items behind the up items × the grid sizes; :mod:`dispatch.kernels.decode_fused`) — each step
-  timing the whole decode, and moving only to a config faster than the current one.
+  down items behind the up items × the grid sizes; :mod:`dispatch.kernels.decode_fused`), and at
+  T ≤ 16 split items (one launch whose items each take one I tile through gate, up and down, with
+  no wait between them, then a reduction; :mod:`dispatch.kernels.decode_split`: three (block_i,
+  block_ho) × the grid sizes, then the down chunk) — each step timing the whole decode, and moving
+  only to a config faster than the current one.
 * **Quantized experts** (``--quant``, chapter 7, :mod:`dispatch.tune.quant_search`), instead of the
   above: the decode tiles for codes in each scheme, T ≤ 64, by the same descent started from the
   bf16 decode's tiles (what the launcher takes without an entry), plus a step of longer reduction
@@ -35,9 +38,10 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
   tiles again, with the shared MLP inside the kernels as n = S / I more experts; entry keyed by
   E + n experts and K + n choices, which is what the launcher looks up for it.
 * **Refine** (``--refine``, :mod:`dispatch.tune.refine`), instead of a descent: from each decode
-  bucket's config in the table, the down-tile step and the one-launch step, so that a grown search
-  space (the 128-row down tiles) reaches a table without re-tuning it; with ``--quant``, those
-  schemes' entries, their weight-only grouped GEMM timed beside them for the crossover.
+  bucket's config in the table, the down-tile step, the one-launch step and (T ≤ 16) the split
+  steps, so that a grown search space (the 128-row down tiles, split items) reaches a table without
+  re-tuning it; with ``--quant``, those schemes' entries, their weight-only grouped GEMM timed beside
+  them for the crossover.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
   the decode path serves T ≤ the last bucket before the grouped path first wins. With a shared
   expert riding along, as ``moe()`` runs them: decode with it inside against the grouped path plus

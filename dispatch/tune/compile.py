@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+from dataclasses import replace
 
 import torch
 
@@ -39,7 +40,7 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
         for scheme, T in ((s, T) for s in decodes for T in tokens if T <= qs.QUANT_MAX_T):
             base = tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, runtime.compute_dtype(dev), dev)
             jobs.append((name, T, f"decode:{scheme}", [c for b in search.decode_starts(base, T)
-                                                       for step in qs.quant_steps(b, 1) for c in step(b)]))
+                                                       for step in qs.quant_steps(b, 1, T) for c in step(b)]))
         for scheme, T in ((s, T) for s in fp8 for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
             late = quant.SCHEMES[scheme].per_row(cfg.H) and quant.SCHEMES[scheme].per_row(cfg.I)
             base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
@@ -54,8 +55,9 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
             for kind, ns in variants if T <= search.DECODE_MAX_T else ():
                 base = tiles.heuristic_decode(T, cfg.K + ns, cfg.E + ns, cfg.H, cfg.I, dev)
                 for b in search.decode_starts(base, T):
-                    up, down = search.decode_steps(b, 1)[:2]  # the rest: grid sizes, one launch (no new tiles)
-                    jobs.append((name, T, kind, up(b) + down(b)))
+                    steps = search.decode_steps(b, 1, T)  # then grid sizes, one launch (no new tiles), split items
+                    split = dict.fromkeys(replace(c, programs=b.programs) for c in steps[4](b)) if steps[4:] else {}
+                    jobs.append((name, T, kind, steps[0](b) + steps[1](b) + list(split)))
             for bm in search.block_ms(T, cfg.K, cfg.E) if T >= search.GROUPED_MIN_T else ():
                 for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them
                     key = (kind, bm, cfg.K if kind == "up" else 0)  # N = 16·K specialises like any T ≥ 8

@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from dispatch import quant, runtime, tables
@@ -59,10 +60,10 @@ QUANT_GEMM = {
 }
 
 
-def quant_steps(base: DecodeConfig, sms: int):
-    """The decode steps, then the reduction chunks once more, longer: a load of 1-byte codes
+def quant_steps(base: DecodeConfig, sms: int, T: int | None = None):
+    """The decode steps (at T), then the reduction chunks once more, longer: a load of 1-byte codes
     carries half the bytes of bf16, so longer chunks keep as many bytes in flight."""
-    return (*decode_steps(base, sms), lambda b: [replace(b, block_h=h, block_id=d) for h, d in QUANT_CHUNKS])
+    return (*decode_steps(base, sms, T), lambda b: [replace(b, block_h=h, block_id=d) for h, d in QUANT_CHUNKS])
 
 
 def w8a8_schemes(schemes, dev) -> tuple[str, ...]:
@@ -97,7 +98,7 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log, w8a8: bool = False
 
     label = scheme + ("+w8a8" if w8a8 else "")
     base = fit(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev, label if w8a8 else None))
-    best, best_us, start_us = descend_from(decode_starts(base, T), quant_steps, run,
+    best, best_us, start_us = descend_from(decode_starts(base, T), functools.partial(quant_steps, T=T), run,
                                            moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8),
                                            f"{name} T={T} {label}", dev, timer, log, fit=fit)
     log(f"{name} T={T:5d} decode {label} {best_us:9.1f} us (start {start_us:9.1f}) {tiles.as_dict(best)}")

@@ -4,14 +4,16 @@
 
 For every decode bucket of the table (the bf16 entry and the shared-expert entry where one rides along;
 with ``--quant``, instead, those schemes' entries; with ``--tokens``, those buckets only), the bucket's
-config is the start and two steps of the descent (:func:`dispatch.tune.search.decode_steps`) run
+config is the start and the last steps of the descent (:func:`dispatch.tune.search.decode_steps`) run
 from it: the down tiles (``DECODE_DOWN``, which grew 128-row tiles after the H200 table was tuned;
 a candidate must agree with the start's output within ``TOLERANCE``: another I chunk rounds
 differently), then the same tiles in one launch (:mod:`dispatch.kernels.decode_fused`, over lags and
-grid sizes; a candidate must give *bitwise* the chain's output with those tiles). A candidate
-replaces the best only when measured faster. The bucket's ``decode_us`` stays in the tuning run's
-frame, scaled by the ratio measured here (``refined_us`` / ``refined_from_us``, both kept), so that
-the recomputed crossover compares it with the same run's grouped time (decode may now win at larger T).
+grid sizes; a candidate must give *bitwise* the chain's output with those tiles), and at up to
+``SPLIT_MAX_T`` tokens split items (:mod:`dispatch.kernels.decode_split`: another summation order, so
+within ``TOLERANCE`` of the chain). A candidate replaces the best only when measured faster. The
+bucket's ``decode_us`` stays in the tuning run's frame, scaled by the ratio measured here
+(``refined_us`` / ``refined_from_us``, both kept), so that the recomputed crossover compares it with
+the same run's grouped time (decode may now win at larger T).
 A quantized entry has no grouped time from its tuning run: from ``GROUPED_MIN_T`` tokens the
 weight-only grouped GEMM on the same codes is timed here (default tiles, checked against its twin),
 beside this run's decode time, and the entry gets its crossover from them.
@@ -70,14 +72,15 @@ def _runner(kind, qe, case, w8a8=False):
     return functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
 
 
-def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=print):
+def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=print, T: int | None = None):
     """From ``start``: the down step (each candidate through ``fit``; one that fails or strays beyond
     TOLERANCE of the start's output is dropped, as in a full descent), then the one-launch step from the
-    best (bitwise the chain with its tiles, else AssertionError) → (best config, its µs, the start's µs)."""
+    best (bitwise the chain with its tiles, else AssertionError), then at T ≤ ``SPLIT_MAX_T`` the split
+    steps (within TOLERANCE of the chain) → (best config, its µs, the start's µs)."""
     ref = run(config=start)
     best, best_us = start, timer(functools.partial(run, config=start), start)
     start_us = best_us
-    steps = decode_steps(start, sms)
+    steps = decode_steps(start, sms, T)
     cands = [c for c in dict.fromkeys(fit(c) for c in steps[1](start)) if c != start]
     try:
         cand, cand_us, _ = _best(cands, lambda c: run(config=c), ref, timer, log, f"{what} down") \
@@ -86,8 +89,8 @@ def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=p
         cand, cand_us = start, start_us
     if cand_us < best_us:
         best, best_us = cand, cand_us
-    chain = ref if best is start and not start.fused else run(config=replace(best, fused=0))
-    for cand in dict.fromkeys(fit(c) for c in steps[-1](best)):  # w8a8: none (fit_w8a8 keeps three launches)
+    chain = ref if best is start and not (start.fused or start.split) else run(config=replace(best, fused=0, split=0))
+    for cand in dict.fromkeys(fit(c) for c in steps[3](best)):  # w8a8: none (fit_w8a8 keeps three launches)
         if cand == best:
             continue
         try:
@@ -98,6 +101,14 @@ def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=p
         if not torch.equal(y, chain):
             raise AssertionError(f"{what}: one launch {cand} is not bitwise the chain's output")
         us = timer(functools.partial(run, config=cand), cand)
+        if us < best_us:
+            best, best_us = cand, us
+    for step in steps[4:]:  # split items: another summation order, so within TOLERANCE of the chain
+        cands = [c for c in dict.fromkeys(fit(c) for c in step(best)) if c != best]
+        try:
+            cand, us, _ = _best(cands, lambda c: run(config=c), chain, timer, log, f"{what} split")
+        except RuntimeError:  # none (not split, or w8a8), or none compiled and agreed
+            continue
         if us < best_us:
             best, best_us = cand, us
     return best, best_us, start_us
@@ -123,14 +134,15 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             case = make_case(name, int(T), dev, dtype, w)
             run = _runner(kind, qe, case, w8a8)
             start = tiles.DecodeConfig(**b["decode"])
-            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log, fit=fit)
+            best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log, fit=fit,
+                                                    T=int(T))
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
             # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it
             b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
                      refined_from_us=start_us, refined_us=best_us)
             if qe is not None and int(T) >= GROUPED_MIN_T:  # both paths timed here: this run's frame
                 b.update(decode_us=best_us, grouped_us=grouped_us(*case[2:], qe, timer, f"{key} T={T}", w8a8))
-            log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} "
+            log(f"{key} T={int(T):4d} {start_us:8.1f} -> {best_us:8.1f} us  fused={best.fused} split={best.split} "
                 f"programs={best.programs} down {best.block_ho}x{best.block_id}"
                 + (f"  grouped {b['grouped_us']:8.1f} us" if "grouped_us" in b and qe is not None else ""))
         if qe is not None and any("grouped_us" in b for b in entry["buckets"].values()):

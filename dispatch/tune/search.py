@@ -1,6 +1,7 @@
 """The search: candidate spaces, the graph timer, and tuning one preset (see ``dispatch.tune``)."""
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ from dispatch import runtime, tables
 from dispatch.config import PRESETS, random_weights
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
+from dispatch.kernels.decode_split import SPLIT_MAX_T
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
@@ -33,6 +35,9 @@ DECODE_UP = ((32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3))  # (block_i
 DECODE_DOWN = ((32, 128), (32, 256), (64, 128), (16, 256), (128, 128), (128, 256))
 PROGRAMS_PER_SM = (1, 2, 3, 4, 8, 16)
 LAGS = (1, 64)  # one launch: down items one slot behind their up items, or after all of them
+# split items (block_i, block_ho): a down chunk of block_i × block_ho = 4096 weights, as the chain's 32 × 128
+SPLIT_TILES = ((16, 256), (32, 128), (64, 64))
+SPLIT_HO = (64, 128, 256, 512)
 
 
 def block_ms(T: int, K: int, E: int) -> tuple[int, ...]:
@@ -49,14 +54,21 @@ def gemm_space(kind: str, block_m: int, dev) -> list[GemmConfig]:
     return [c for c in cands if tiles.fits_registers(c, n_b) and tiles.shared_bytes(c, n_b) <= limit]
 
 
-def decode_steps(base: DecodeConfig, sms: int):
+def decode_steps(base: DecodeConfig, sms: int, T: int | None = None):
     """The coordinate-descent steps, each a function of the current best → candidates: up tiles, down
     tiles, the grid, then the same tiles in one launch (``fused``: :mod:`dispatch.kernels.decode_fused`)
-    over the grid sizes again."""
-    return (lambda b: [replace(b, block_i=i, block_h=h, num_stages=s) for i, h, s in DECODE_UP],
-            lambda b: [replace(b, block_ho=o, block_id=d) for o, d in DECODE_DOWN],
-            lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM],
-            lambda b: [replace(b, fused=n, programs=p * sms) for n in LAGS for p in PROGRAMS_PER_SM])
+    over the grid sizes again; at T ≤ ``SPLIT_MAX_T`` then split items (:mod:`dispatch.kernels.decode_split`:
+    ``SPLIT_TILES`` × the grid sizes), then, if they won, their down chunk."""
+    steps = (lambda b: [replace(b, block_i=i, block_h=h, num_stages=s) for i, h, s in DECODE_UP],
+             lambda b: [replace(b, block_ho=o, block_id=d) for o, d in DECODE_DOWN],
+             lambda b: [replace(b, programs=p * sms) for p in PROGRAMS_PER_SM],
+             lambda b: [replace(b, fused=n, split=0, programs=p * sms) for n in LAGS for p in PROGRAMS_PER_SM])
+    if T is None or T > SPLIT_MAX_T:
+        return steps
+    return (*steps,
+            lambda b: [replace(b, fused=0, split=1, block_i=i, block_ho=o, programs=p * sms)
+                       for i, o in SPLIT_TILES for p in PROGRAMS_PER_SM],
+            lambda b: [replace(b, block_ho=o) for o in SPLIT_HO] if b.split else [])
 
 
 ONE_ROW = dict(block_m=1, block_i=16, block_h=256, block_ho=16, block_id=256)  # FMA tiles: a first guess
@@ -194,7 +206,10 @@ def _descend(base, steps, run, ref, what, dev, timer, log, fit=lambda c: c):
     sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
     for step in steps(base, sms):
         cands = list(dict.fromkeys(fit(c) for c in step(best)))
-        cand, cand_us, _ = _best(cands, run, y, timer, log, "decode")
+        try:
+            cand, cand_us, _ = _best(cands, run, y, timer, log, "decode") if cands else (best, best_us, None)
+        except RuntimeError:  # no candidate of this step ran correctly (each was logged): the next step
+            continue
         if cand_us < best_us:
             best, best_us = cand, cand_us
     return best, best_us, base_us
@@ -219,7 +234,7 @@ def tune_decode(name, T, case, dev, timer, log, *, shared: bool = False) -> dict
         n, kw = shared_rides_along(cfg), {"shared": (w.shared_gate_up_2SH, w.shared_down_HS)}
         ref = ref + shared_reference(x_TH, cfg, w)
     base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
-    best, best_us, heuristic_us = descend_from(decode_starts(base, T), decode_steps,
+    best, best_us, heuristic_us = descend_from(decode_starts(base, T), functools.partial(decode_steps, T=T),
                                                lambda c: moe_decode(*args, config=c, **kw), ref,
                                                f"{name} T={T}{' +shared' if shared else ''}", dev, timer, log)
     log(f"{name} T={T:5d} {'decode+shared' if shared else 'decode '} {best_us:9.1f} us "

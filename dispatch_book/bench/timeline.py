@@ -33,6 +33,7 @@ from dispatch_book.bench.kernels import race_inputs
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 TOKENS = (1, 8, 64)
 RUNS = 5
+KINDS = ((0, "C0", "up item"), (1, "C1", "down item"), (2, "C2", "split item"), (3, "C3", "reduce item"))
 
 
 def summarize(items) -> dict:
@@ -93,8 +94,8 @@ def trace_layer(name: str, T: int, dev, dtype) -> list[dict]:
 
 def figure(doc: dict, shape: str, tokens: int):
     """One (shape, T) of a recording as a timeline: a panel per launch, a line per SM that ran items, a
-    bar per item (up items blue, down items orange; an SM's programs overlap), the median SM's finish
-    dashed: what lies right of it is the tail."""
+    bar per item (``KINDS``: up blue, down orange, split green, reduce red; an SM's programs overlap),
+    the median SM's finish dashed: what lies right of it is the tail."""
     import matplotlib.pyplot as plt
 
     rows = [r for r in doc["rows"] if r["shape"] == shape and r["tokens"] == tokens and r.get("trace")]
@@ -103,7 +104,7 @@ def figure(doc: dict, shape: str, tokens: int):
     fig, axes = plt.subplots(len(rows), 1, figsize=(9.4, 0.8 + 2.4 * len(rows)), squeeze=False)
     for ax, r in zip(axes[:, 0], rows, strict=True):
         line = {sm: i for i, sm in enumerate(sorted({t[0] for t in r["trace"]}))}
-        for kind, color, label in ((0, "C0", "up item"), (1, "C1", "down item")):
+        for kind, color, label in KINDS:
             bars = [(line[sm], s / 1e3, (e - s) / 1e3) for sm, _, k, s, e in r["trace"] if k == kind]
             if bars:
                 ax.barh([b[0] for b in bars], [b[2] for b in bars], left=[b[1] for b in bars], height=0.9,
