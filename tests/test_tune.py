@@ -31,8 +31,8 @@ def small_space(monkeypatch):
     monkeypatch.setattr(search, "DECODE_UP", ((16, 32, 1), (32, 16, 1)))
     monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), (32, 16)))
     monkeypatch.setattr(search, "PROGRAMS_PER_SM", (1, 4))
-    monkeypatch.setattr(search, "SPLIT_TILES", ((16, 16), (32, 16)))
-    monkeypatch.setattr(search, "SPLIT_HO", (16, 32))
+    monkeypatch.setattr(search, "SPLIT_TILES", ((16, 16),))
+    monkeypatch.setattr(search, "SPLIT_HO", (32,))
 
 
 def test_search_loop_on_the_interpreter(tmp_path, small_space):
@@ -214,6 +214,8 @@ def test_spaces_fit_and_compile_jobs_cover_them(monkeypatch):
         assert all(("up", c) in covered for c in gemm_space("up", bm, cpu))
     base = tiles.heuristic_decode(1, 2, 8, 64, 32, cpu)
     assert all(("decode", c) in covered for c in decode_steps(base, 1)[0](base))
+    split = decode_steps(base, 1, 1)[4](base)  # split items' tiles, once each (the grid is not compiled in)
+    assert split and all(("decode", replace(c, programs=base.programs)) in covered for c in split)
 
 
 def test_precompile_workers(small_space):
@@ -334,7 +336,8 @@ def test_split_items_are_tried_at_few_tokens_and_kept_only_when_faster(small_spa
     steps = decode_steps(base, 4, 1)
     split = steps[4](base)
     assert {(c.block_i, c.block_ho) for c in split} == set(search.SPLIT_TILES)
-    assert all(c.split == 1 and c.fused == 0 for c in split) and len(split) == 2 * len(search.PROGRAMS_PER_SM)
+    assert all(c.split == 1 and c.fused == 0 for c in split)
+    assert len(split) == len(search.SPLIT_TILES) * len(search.PROGRAMS_PER_SM)
     assert steps[5](base) == [] and {c.block_ho for c in steps[5](split[0])} == set(search.SPLIT_HO)
     assert all(c.split == 0 for c in steps[3](split[0]))  # the one-launch step from a split config: fused only
     case = search.make_case("tiny", 2, torch.device("cpu"), torch.float32)
@@ -374,8 +377,10 @@ def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monke
     assert {k for *_, k, _ in refine.compile_jobs(["tiny"], tiny_table, torch.float32, ("int8-channel",))} \
         == {"decode:int8-channel"}  # --quant: those schemes' entries instead
     assert {T for _, T, *_ in jobs} == {2, 8}
-    for *_, cands in jobs:  # the start in one launch, then the down step's tiles (three launches)
-        assert cands[0].fused == 1 and {(c.block_ho, c.block_id) for c in cands[1:]} == set(search.DECODE_DOWN)
+    for *_, cands in jobs:  # the start in one launch, the down step's tiles (three launches), split items' tiles
+        assert cands[0].fused == 1 and {(c.block_ho, c.block_id) for c in cands[1:] if not c.split} \
+            == set(search.DECODE_DOWN)
+        assert {(c.block_i, c.block_ho) for c in cands if c.split} == set(search.SPLIT_TILES)  # T = 2, 8 ≤ 16
     assert {T for _, T, *_ in refine.compile_jobs(["tiny"], tiny_table, torch.float32, tokens={8})} == {8}
     for name, schemes in (("tiny", ("int8-channel",)), ("tiny", ()), ("tiny-shared", ())):
         out = refine.refine_preset(name, tiny_table, cpu, torch.float32, schemes, timer=price, log=lambda s: None)
@@ -398,6 +403,20 @@ def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monke
     for e in slower.values():
         for b in e["buckets"].values():
             assert "decode" not in b or DecodeConfig(**b["decode"]).fused == 0
+
+
+def test_refine_moves_few_token_buckets_to_split_items_where_faster(tiny_table):
+    """--refine at T ≤ SPLIT_MAX_T ends with the split steps: split items priced faster replace the
+    bucket's config (checked within tolerance of the chain, not bitwise)."""
+    from dispatch.tune import refine
+
+    price = lambda fn, c: (fn(), 100.0 - 50.0 * c.split)[1]  # noqa: E731
+    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, timer=price,
+                               log=lambda s: None)
+    buckets = out[tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]
+    assert {T for T, b in buckets.items() if "decode" in b} == {"2", "8"}
+    for b in (b for b in buckets.values() if "decode" in b):
+        assert DecodeConfig(**b["decode"]).split == 1 and b["refined_us"] == 50.0
 
 
 def test_refine_takes_faster_down_tiles_then_one_launch(tiny_table):

@@ -50,15 +50,17 @@ def variants(name: str, dtype, schemes=()) -> list[tuple[str, str, str]]:
 
 def compile_jobs(presets, doc: dict, dtype, schemes=(), tokens=None) -> list[tuple]:
     """The kernels of every bucket to refine (``tokens``: those buckets only): the down step's tiles,
-    and the one-launch kernel of the start (the grid and lag are not compiled in)."""
+    the one-launch kernel of the start and the split items' tiles (the grid and lag are not compiled in)."""
     jobs = []
     for name in presets:
         for key, kind, scheme in variants(name, dtype, schemes):
             for T, b in doc["entries"].get(key, {}).get("buckets", {}).items():
                 if "decode" in b and (tokens is None or int(T) in tokens):
                     start = tiles.DecodeConfig(**b["decode"])
+                    steps = decode_steps(start, 1, int(T))
+                    split = [replace(c, programs=start.programs) for c in steps[4](start)] if steps[4:] else []
                     jobs.append((name, int(T), f"{kind}:{scheme}" if scheme else kind,
-                                 [replace(start, fused=1), *decode_steps(start, 1)[1](start)]))
+                                 list(dict.fromkeys([replace(start, fused=1, split=0), *steps[1](start), *split]))))
     return jobs
 
 
