@@ -55,7 +55,8 @@ def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None,
     """The routed experts for a few tokens: y_TH = Σ_k weights_TK[t,k] · expert_{ids_TK[t,k]}(x_t).
 
     Same meaning as :func:`dispatch.reference.experts_reference`. Three launches (or, with
-    ``config.fused``, the same items in one: :mod:`dispatch.kernels.decode_fused`), no host sync
+    ``config.fused``, the same items in one: :mod:`dispatch.kernels.decode_fused`; with ``config.split``,
+    one launch of split items: :mod:`dispatch.kernels.decode_split`), no host sync
     (CUDA-graph capturable): up+SwiGLU → down × weight → the k-order combine (fp32, cast once).
     Registered as ``torch.ops.dispatch.moe_decode`` (``torch.compile`` keeps it whole; no backward).
     ``shared=(shared_gate_up_2SH, shared_down_HS)``: plus an ungated shared expert, S a multiple of I,
