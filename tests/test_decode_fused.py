@@ -44,21 +44,30 @@ def test_random_shapes_bitwise_the_chain(T, E, K, H, I, seed, skew, programs):  
     torch.testing.assert_close(y, experts_reference(x, w, ids, gu, dn), **FP32_TOL)
 
 
-@pytest.mark.parametrize("case", ["one token", "all to one expert", "K = E", "bad ids", "no valid id"])
-def test_edge_routings(case):
+EDGES = ["one token", "all to one expert", "K = E", "bad ids", "no valid id"]
+
+
+def edge_routing(case: str):
+    """(x, w, ids, gate_up, down) of one of ``EDGES`` (the one-launch paths' edge cases)."""
     T, K, E, H, I = {"one token": (1, 2, 4, 40, 24), "K = E": (3, 4, 4, 32, 16)}.get(case, (4, 2, 5, 32, 16))
     ids = {"all to one expert": torch.full((T, K), 3), "bad ids": torch.tensor([[0, -1], [7, 2], [2, 0], [5, 4]]),
            "no valid id": torch.tensor([[-1, 5]] * T)}.get(case)
-    x, w, ids, gu, dn = make(T, K, E, H, I, ids=ids)
+    return make(T, K, E, H, I, ids=ids)
+
+
+@pytest.mark.parametrize("case", EDGES)
+def test_edge_routings(case):
+    x, w, ids, gu, dn = edge_routing(case)
     y = both((x, w, ids, gu, dn))
     torch.testing.assert_close(y, moe_decode_torch(x, w, ids, gu, dn), **FP32_TOL)
     if case == "no valid id":  # no item at all: the last program to leave writes the zeros
         assert torch.equal(y, torch.zeros_like(y))
 
 
-def test_zero_tokens():
+@pytest.mark.parametrize("one", [ONE, replace(CHAIN, split=1)], ids=["fused", "split"])
+def test_zero_tokens(one):
     x, w, ids, gu, dn = make(0, 2, 4, 32, 16)
-    assert moe_decode(x, w, ids, gu, dn, config=ONE).shape == (0, 32)
+    assert moe_decode(x, w, ids, gu, dn, config=one).shape == (0, 32)
 
 
 def test_shared_expert_rides_along():

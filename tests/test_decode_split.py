@@ -22,6 +22,7 @@ from dispatch.kernels.gemv import DecodeConfig, moe_decode, moe_decode_torch
 from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
 from dispatch.quant import quantize_experts
 from dispatch.reference import experts_reference
+from tests.test_decode_fused import EDGES, edge_routing
 from tests.test_gemv import FP32_TOL, RANDOM, make, random_case
 
 CHAIN = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
@@ -56,12 +57,9 @@ def test_hand_computed_one_token_two_tiles():
     torch.testing.assert_close(y[0], want, **FP32_TOL)
 
 
-@pytest.mark.parametrize("case", ["one token", "all to one expert", "K = E", "bad ids", "no valid id"])
+@pytest.mark.parametrize("case", EDGES)
 def test_edge_routings(case):
-    T, K, E, H, I = {"one token": (1, 2, 4, 40, 24), "K = E": (3, 4, 4, 32, 16)}.get(case, (4, 2, 5, 32, 16))
-    ids = {"all to one expert": torch.full((T, K), 3), "bad ids": torch.tensor([[0, -1], [7, 2], [2, 0], [5, 4]]),
-           "no valid id": torch.tensor([[-1, 5]] * T)}.get(case)
-    x, w, ids, gu, dn = make(T, K, E, H, I, ids=ids)
+    x, w, ids, gu, dn = edge_routing(case)
     y = split((x, w, ids, gu, dn))
     torch.testing.assert_close(y, moe_decode_torch(x, w, ids, gu, dn), **FP32_TOL)
     if case == "no valid id":  # no split item at all: the reduce items write zeros
@@ -78,11 +76,6 @@ def test_the_config_takes_the_split_launch(monkeypatch):
     assert calls == []
     moe_decode(*args, config=SPLIT)
     assert calls == [1]
-
-
-def test_zero_tokens():
-    x, w, ids, gu, dn = make(0, 2, 4, 32, 16)
-    assert moe_decode(x, w, ids, gu, dn, config=SPLIT).shape == (0, 32)
 
 
 def test_shared_expert_rides_along():
