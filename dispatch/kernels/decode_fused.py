@@ -156,7 +156,8 @@ _outgrown: list = []  # workspaces replaced by larger ones
 
 
 def workspace(device: torch.device, n: int) -> torch.Tensor:
-    """The counters of :func:`_fused_decode_kernel` on this device and stream (at least ``n``, zero)."""
+    """The counters of the one-launch kernels (:func:`_fused_decode_kernel`, ``decode_split``) on this device
+    and stream (at least ``n``, zero)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     ws = _workspaces.get((device, stream))
     if ws is None or ws.numel() < n:
@@ -164,19 +165,26 @@ def workspace(device: torch.device, n: int) -> torch.Tensor:
             _outgrown.append(ws)
         ws = torch.zeros(max(256, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
         _workspaces[(device, stream)] = ws
+    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
+        ws.zero_()
     return ws
+
+
+def weight_consts(op) -> dict:
+    """The one-launch kernels' constexprs of both weights (``G_``: gate/up, ``D_``: down) from ``op``."""
+    g, d = op.gate_up[3], op.down[3]
+    return dict(G_SBR=g["SBR"], G_SBC=g["SBC"], G_QUANT=g["QUANT"], G_LATE=g["LATE_SCALE"],
+                D_SBR=d["SBR"], D_SBC=d["SBC"], D_QUANT=d["QUANT"], D_LATE=d["LATE_SCALE"])
 
 
 def fused_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> torch.Tensor:  # noqa: E741
     """y_TH of the chain's items in one launch (inputs checked, T ≥ 1; ``op``:
     :func:`dispatch.kernels.gemv._operands`)."""
-    (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
+    (gu, gs, gs_strides, _), (dn, ds, ds_strides, _) = op.gate_up, op.down
     x_TH, ns, N = op.x_TH, op.ns, op.N
     (T, H), K = x_TH.shape, ids_TK.shape[1]
     tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
     ws = workspace(x_TH.device, COUNTERS.value + op.BLOCK_E + tiles_d)
-    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
-        ws.zero_()
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
@@ -187,8 +195,7 @@ def fused_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> tor
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
         h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0), tr,
-        G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
-        D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
+        **weight_consts(op),
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
         BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
         BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, TRACE=trace is not None,

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from dispatch.kernels import decode_fused, pdl
 from dispatch.kernels import trace as trace_rows
-from dispatch.kernels.decode_fused import _wait_for
+from dispatch.kernels.decode_fused import _wait_for, weight_consts
 from dispatch.kernels.gemv_kernels import (
     _expert_counts,
     _late_scales,
@@ -47,7 +47,7 @@ from dispatch.kernels.gemv_kernels import (
     _up_item,
 )
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
-from dispatch.kernels.quant_kernels import _act_scales, _block_scales
+from dispatch.kernels.quant_kernels import _block_scales
 from dispatch.kernels.trace import record, stamp
 
 SPLIT_MAX_T = 16  # the tuner tries split items up to here (the partial sums grow with T·K)
@@ -76,15 +76,14 @@ def _partial_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, dn_ptr, ds_ptr, 
         rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
         h_MI = tl.load(h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :],  # this program's stores
                        mask=valid_M[:, None] & mask_i[None, :], other=0.0)
-        sh_M = _act_scales(h_ptr, rows_M, 0, valid_M, 0, False)
         p_row = p_ptr + (rows_M.to(tl.int64) * tiles + tile)[:, None] * H
         for o0 in tl.range(0, H, BLOCK_HO, num_stages=NUM_STAGES):
             offs_o = o0 + tl.arange(0, BLOCK_HO)
             mask_o = offs_o < H
             d_IO = tl.load(down_ptr + offs_o[None, :] * s_row, mask=mask_i[:, None] & mask_o[None, :], other=0.0)
             s_O = _block_scales(s_e, offs_o, tile * BLOCK_I, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
-            acc = _tile_mac(h_MI, sh_M, d_IO, s_O, _tile_acc(BLOCK_M, BLOCK_I, BLOCK_HO), BLOCK_M, QUANT, False,
-                            LATE_SCALE)
+            acc = _tile_mac(h_MI, 1.0, d_IO, s_O, _tile_acc(BLOCK_M, BLOCK_I, BLOCK_HO), BLOCK_M, QUANT, False,
+                            LATE_SCALE)  # no activation scales: not W8A8
             acc = _late_scales(_tile_out(acc, BLOCK_M), s_e, offs_o, mask_o, s_sr, s_sc, SBR, SBC, QUANT, False,
                                LATE_SCALE)
             tl.store(p_row + offs_o[None, :], acc, mask=valid_M[:, None] & mask_o[None, :])
@@ -159,13 +158,11 @@ def _split_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
 
 def split_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> torch.Tensor:  # noqa: E741
     """y_TH by split items (inputs checked, T ≥ 1; ``op``: :func:`dispatch.kernels.gemv._operands`)."""
-    (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
+    (gu, gs, gs_strides, _), (dn, ds, ds_strides, _) = op.gate_up, op.down
     x_TH, ns, N = op.x_TH, op.ns, op.N
     (T, H), K = x_TH.shape, ids_TK.shape[1]
     tiles = triton.cdiv(I, cfg.block_i)
     ws = decode_fused.workspace(x_TH.device, 3)
-    if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
-        ws.zero_()
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     p = torch.empty(N * tiles * H, dtype=torch.float32, device=x_TH.device)
     y_TH = torch.empty(T, H, dtype=x_TH.dtype, device=x_TH.device)
@@ -176,8 +173,7 @@ def split_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> tor
         x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
         gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
         h_NI.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0), tr,
-        G_SBR=g_const["SBR"], G_SBC=g_const["SBC"], G_QUANT=g_const["QUANT"], G_LATE=g_const["LATE_SCALE"],
-        D_SBR=d_const["SBR"], D_SBC=d_const["SBC"], D_QUANT=d_const["QUANT"], D_LATE=d_const["LATE_SCALE"],
+        **weight_consts(op),
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_E=op.BLOCK_E,
         CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, BLOCK_T=min(16, triton.next_power_of_2(T)),
         BLOCK_R=R_COLS, num_warps=cfg.num_warps, TRACE=trace is not None, **pdl.launch_kw(x_TH.device, late=True))

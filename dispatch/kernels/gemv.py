@@ -131,7 +131,7 @@ def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConf
             return torch.zeros(T, H, dtype=x_TH.dtype, device=x_TH.device)
         launch = decode_fused.fused_launch if cfg.fused else decode_split.split_launch
         return launch(_operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared), weights_TK, ids_TK, E, I, cfg, trace)
-    ns = n_shared(shared, down_EHI.shape[2])
+    ns = n_shared(shared, I)
     out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared, act=act, trace=trace)
     # rows with an id outside [0, E) were never written: the combine selects them away
     return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype, extra=ns)

@@ -26,6 +26,14 @@ from dispatch.tune import quant_search as qs
 from dispatch.tune import search
 
 
+def split_kernels(base: tiles.DecodeConfig, T: int) -> list[tiles.DecodeConfig]:
+    """The split step's distinct kernels from ``base`` at T tokens (its grid sizes compile to one each);
+    none above ``SPLIT_MAX_T``. What the tuner compiles ahead of timing them."""
+    steps = search.decode_steps(base, 1, T)
+    return list(dict.fromkeys(replace(c, programs=base.programs) for c in steps[search.SPLIT_STEP](base))) \
+        if len(steps) > search.SPLIT_STEP else []
+
+
 def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
     """(preset, T, kind, configs): the variants timing will launch, with inputs that specialise the same.
     With ``schemes``: the quantized decode's (kind ``decode:<scheme>``, w8a8 ``decode:<scheme>+w8a8``;
@@ -55,9 +63,8 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
             for kind, ns in variants if T <= search.DECODE_MAX_T else ():
                 base = tiles.heuristic_decode(T, cfg.K + ns, cfg.E + ns, cfg.H, cfg.I, dev)
                 for b in search.decode_starts(base, T):
-                    steps = search.decode_steps(b, 1, T)  # then grid sizes, one launch (no new tiles), split items
-                    split = dict.fromkeys(replace(c, programs=b.programs) for c in steps[4](b)) if steps[4:] else {}
-                    jobs.append((name, T, kind, steps[0](b) + steps[1](b) + list(split)))
+                    up, down = search.decode_steps(b, 1)[:2]  # then grid sizes, one launch (no new tiles), split
+                    jobs.append((name, T, kind, up(b) + down(b) + split_kernels(b, T)))
             for bm in search.block_ms(T, cfg.K, cfg.E) if T >= search.GROUPED_MIN_T else ():
                 for kind in ("up", "down"):  # down kernels do not depend on K: one preset compiles them
                     key = (kind, bm, cfg.K if kind == "up" else 0)  # N = 16·K specialises like any T ≥ 8

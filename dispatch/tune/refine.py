@@ -31,8 +31,18 @@ from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
 from dispatch.moe import shared_rides_along
+from dispatch.tune.compile import split_kernels
 from dispatch.tune.quant_search import grouped_us
-from dispatch.tune.search import GROUPED_MIN_T, _best, crossover, decode_steps, graph_us, make_case
+from dispatch.tune.search import (
+    GROUPED_MIN_T,
+    ONE_LAUNCH_STEP,
+    SPLIT_STEP,
+    _best,
+    crossover,
+    decode_steps,
+    graph_us,
+    make_case,
+)
 
 
 def variants(name: str, dtype, schemes=()) -> list[tuple[str, str, str]]:
@@ -57,10 +67,9 @@ def compile_jobs(presets, doc: dict, dtype, schemes=(), tokens=None) -> list[tup
             for T, b in doc["entries"].get(key, {}).get("buckets", {}).items():
                 if "decode" in b and (tokens is None or int(T) in tokens):
                     start = tiles.DecodeConfig(**b["decode"])
-                    steps = decode_steps(start, 1, int(T))
-                    split = [replace(c, programs=start.programs) for c in steps[4](start)] if steps[4:] else []
-                    jobs.append((name, int(T), f"{kind}:{scheme}" if scheme else kind,
-                                 list(dict.fromkeys([replace(start, fused=1, split=0), *steps[1](start), *split]))))
+                    cands = [replace(start, fused=1, split=0), *decode_steps(start, 1)[1](start),
+                             *split_kernels(start, int(T))]
+                    jobs.append((name, int(T), f"{kind}:{scheme}" if scheme else kind, list(dict.fromkeys(cands))))
     return jobs
 
 
@@ -92,7 +101,8 @@ def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=p
     if cand_us < best_us:
         best, best_us = cand, cand_us
     chain = ref if best is start and not (start.fused or start.split) else run(config=replace(best, fused=0, split=0))
-    for cand in dict.fromkeys(fit(c) for c in steps[3](best)):  # w8a8: none (fit_w8a8 keeps three launches)
+    # w8a8: no one-launch candidate (fit_w8a8 keeps three launches)
+    for cand in dict.fromkeys(fit(c) for c in steps[ONE_LAUNCH_STEP](best)):
         if cand == best:
             continue
         try:
@@ -105,7 +115,7 @@ def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=p
         us = timer(functools.partial(run, config=cand), cand)
         if us < best_us:
             best, best_us = cand, us
-    for step in steps[4:]:  # split items: another summation order, so within TOLERANCE of the chain
+    for step in steps[SPLIT_STEP:]:  # split items: another summation order, so within TOLERANCE of the chain
         cands = [c for c in dict.fromkeys(fit(c) for c in step(best)) if c != best]
         try:
             cand, us, _ = _best(cands, lambda c: run(config=c), chain, timer, log, f"{what} split")

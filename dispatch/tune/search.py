@@ -38,6 +38,7 @@ LAGS = (1, 64)  # one launch: down items one slot behind their up items, or afte
 # split items (block_i, block_ho): a down chunk of block_i × block_ho = 4096 weights, as the chain's 32 × 128
 SPLIT_TILES = ((16, 256), (32, 128), (64, 64))
 SPLIT_HO = (64, 128, 256, 512)
+ONE_LAUNCH_STEP, SPLIT_STEP = 3, 4  # where decode_steps has them (SPLIT_STEP: at T ≤ SPLIT_MAX_T only)
 
 
 def block_ms(T: int, K: int, E: int) -> tuple[int, ...]:
