@@ -44,6 +44,7 @@ SUITES = {
     "quant": "dispatch_book.bench.quant",
     "step_kernels": "dispatch_book.bench.step_kernels",
     "timeline": "dispatch_book.bench.timeline",
+    "split": "dispatch_book.bench.split",
 }
 
 
