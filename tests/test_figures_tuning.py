@@ -107,3 +107,15 @@ def test_the_shipped_h200_crossovers_follow_their_own_times():
         assert both and min(both) == GROUPED_MIN_T, key  # grouped timed beside decode from 8 tokens
         # w8a8 entries also hold the grouped GEMM's own tiles (from 128 tokens, no decode there)
         assert all("decode_us" in b or "up" in b for b in e["buckets"].values()), key
+
+
+def test_the_shipped_h100_table_is_a_whole_tuning_of_the_presets_it_holds():
+    """The H100 table (``python -m dispatch.tune --preset all`` on an H100, cut short after two presets):
+    every bucket of each entry it holds, and crossovers that follow its own times."""
+    from dispatch.tune.search import crossover
+
+    doc = tables.load("h100-80gb-hbm3")
+    assert doc["device"] == "NVIDIA H100 80GB HBM3" and len(doc["entries"]) >= 2
+    for key, e in doc["entries"].items():
+        assert sorted(map(int, e["buckets"])) == list(tables.BUCKETS), key
+        assert e["crossover"] == crossover(e["buckets"]), key

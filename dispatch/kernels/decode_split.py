@@ -90,6 +90,13 @@ def _partial_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, dn_ptr, ds_ptr, 
 
 
 @triton.jit
+def _tile_part(p, j, H, m, tiles, BLOCK_T: tl.constexpr):
+    """Tile j's partial sums at p (zeros past the last tile): one load of a reduce item."""
+    in_range = tl.full([BLOCK_T], j, tl.int32) < tiles
+    return tl.load(p + j * H, mask=m & in_range[:, None], other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
 def _reduce_cols(p_ptr, w_ptr, ids_ptr, y_ptr, T, K, E, H, tiles, r_tile, s_it, s_ik, s_wt, s_wk, s_yt,
                  NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
     """y_TH[:, the R_COLS tile] = Σ_k w[t, k] · Σ_tile P[t·(K+NS) + k, tile] (tiles in order, then k in
@@ -107,8 +114,20 @@ def _reduce_cols(p_ptr, w_ptr, ids_ptr, y_ptr, T, K, E, H, tiles, r_tile, s_it, 
             w = tl.load(w_ptr + offs_t * s_wt + k * s_wk, mask=ok & routed, other=1.0).to(tl.float32)
             p = p_ptr + ((offs_t * (K + NS) + k).to(tl.int64) * tiles)[:, None] * H + offs_o[None, :]
             row = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-            for j in range(0, tiles):
-                row += tl.load(p + j * H, mask=ok[:, None] & mask_o[None, :], other=0.0, cache_modifier=".cg")
+            for j in range(0, tiles, 8):  # eight loads in flight (latency, not bandwidth), added in tile order
+                m = ok[:, None] & mask_o[None, :]
+                a0, a1 = _tile_part(p, j, H, m, tiles, BLOCK_T), _tile_part(p, j + 1, H, m, tiles, BLOCK_T)
+                a2, a3 = _tile_part(p, j + 2, H, m, tiles, BLOCK_T), _tile_part(p, j + 3, H, m, tiles, BLOCK_T)
+                a4, a5 = _tile_part(p, j + 4, H, m, tiles, BLOCK_T), _tile_part(p, j + 5, H, m, tiles, BLOCK_T)
+                a6, a7 = _tile_part(p, j + 6, H, m, tiles, BLOCK_T), _tile_part(p, j + 7, H, m, tiles, BLOCK_T)
+                row += a0
+                row += a1
+                row += a2
+                row += a3
+                row += a4
+                row += a5
+                row += a6
+                row += a7
             acc += tl.where(ok[:, None], row * w[:, None], 0.0)
         tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * s_yt + offs_o[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=mask_t[:, None] & mask_o[None, :])
