@@ -34,9 +34,8 @@ from dispatch.tune.search import LAGS, TOLERANCE, graph_us
 from dispatch_book import bench
 from dispatch_book.bench.kernels import race_inputs
 from dispatch_book.bench.peaks import same_bytes_read
-from dispatch_book.bench.timeline import summarize
+from dispatch_book.bench.timeline import SHAPES, summarize
 
-SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 TOKENS = (1, 4, 16)
 TILES = ((16, 256), (32, 128), (64, 64), (128, 32), (32, 256), (64, 128))  # (block_i, block_ho)
 GRIDS = (1, 2, 4, 8)  # programs per SM
