@@ -36,6 +36,9 @@ def test_save_records_provenance_into_the_scratch_folder_by_default(tmp_path, mo
     assert doc["rows"][0]["median_ms"] >= doc["rows"][0]["min_ms"] >= 0 and doc["rows"][0]["samples"] >= 3
     assert sorted(p.name for p in path.parent.iterdir()) == ["demo.json"], "no temporary file left behind"
     assert bench.provenance(doc).startswith("Recorded on 1x cpu on 20")
+    labelled = bench.provenance(dict(doc, command="python -m " + "x" * 70), label="demo")
+    assert labelled.startswith("demo: Recorded on 1x cpu on 20") and "\n " not in labelled
+    assert max(map(len, labelled.splitlines())) <= 88, "the label is wrapped with the sentence, not before it"
 
 
 def test_save_out_argument_and_cli_default(tmp_path, commit):

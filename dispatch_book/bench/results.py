@@ -240,8 +240,9 @@ def load(name: str, gpu: str | None = None, *, root: str | os.PathLike | None = 
     return max(docs, key=lambda d: d["date"]) if docs else None
 
 
-def provenance(doc: dict) -> str:
-    """One sentence saying where and when a recorded file was measured."""
+def provenance(doc: dict, label: str | None = None) -> str:
+    """One sentence saying where and when a recorded file was measured, wrapped to the book's column;
+    ``label`` (e.g. the file's name) leads it, inside the wrapping."""
     if not isinstance(doc, dict):
         raise ValueError("provenance() needs a results document; load() found no recorded file")
     v, on = doc["versions"], f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']}"
@@ -254,4 +255,6 @@ def provenance(doc: dict) -> str:
         runs = "; ".join(f"{_sizes_text(p['sizes'], shapes)} on {p['date'][:10]} at commit "
                          f"{p['git_commit'][:10]} by `{p['command']}`" for p in doc["parts"])
         text = f"{on} ({software}) in {len(doc['parts'])} runs: {runs}."
+    if label:
+        text = f"{label}: {text}"
     return textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column
