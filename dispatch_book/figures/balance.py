@@ -42,6 +42,7 @@ def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor
     Rows: ``{"capacity_factor", "dropped", "ppl"}`` (dropless first, capacity_factor None). Points
     that coincide share one label; ours are labelled above, the anchor's below."""
     fig, ax = plt.subplots(figsize=(8, 4))
+    top = 0.0  # the largest increase drawn: the axis stops at the first tick 1.5x above it
     for rows, label, marker, dy, col in ((ours, "ours", "o", 8, "#d62728"),
                                          (anchor or [], anchor_label, "s", -14, "#1f77b4")):
         if not rows:
@@ -49,6 +50,7 @@ def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor
         base = rows[0]["ppl"]
         pts = [(100 * r["dropped"], 100 * (r["ppl"] / base - 1)) for r in rows]
         ax.plot(*zip(*pts, strict=True), marker=marker, label=label, color=col)
+        top = max(top, *(y for _, y in pts))
         groups = {}
         for r, (x, y) in zip(rows, pts, strict=True):
             cf = "dropless" if r["capacity_factor"] is None else f"CF {r['capacity_factor']}"
@@ -59,7 +61,10 @@ def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor
     ax.set_xlabel("routed (token, expert) pairs dropped (%)")
     ax.set_ylabel("perplexity increase over dropless (%)")
     ax.set_yscale("symlog", linthresh=1)
-    ax.set_yticks([0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000])
+    ticks = [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+    last = next((t for t in ticks if t >= 1.5 * top), ticks[-1])  # room above for the top label
+    ax.set_yticks([t for t in ticks if t <= last])
+    ax.set_ylim(top=last)
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
