@@ -1,5 +1,5 @@
 """The book's figures: one module per chapter (``routing``, ``sorting``, ``gemm``, ``decode``,
-``parallel``, ``balance``), sharing the few conventions below."""
+``parallel``, ``balance``, ``engine``), sharing the few conventions below."""
 from __future__ import annotations
 
 # One palette for contestants across every chapter's benchmark figures.
