@@ -94,6 +94,7 @@ def test_quant_search_on_the_interpreter(small_space, monkeypatch):
     from dispatch.kernels.quant_gemv import check_chunk
 
     monkeypatch.setattr(quant_search, "QUANT_CHUNKS", ((64, 64), (32, 64)))
+    monkeypatch.setattr(quant_search, "QUANT_TILES", ((16, 64, 16, 64), (32, 32, 16, 32)))
     cpu, logs = torch.device("cpu"), []
     entries = tune_preset("tiny", (2, 8, 128), cpu, torch.float32, timer=fake_us, log=logs.append,
                           schemes=("int8-channel", "int8-group128"))
@@ -111,6 +112,9 @@ def test_quant_search_on_the_interpreter(small_space, monkeypatch):
             check_chunk("block_id", d.block_id, qe.down)
             assert (d.block_i, d.block_ho) == (16, 16) and b["decode_us"] <= b["decode_bf16_tiles_us"]
     assert any("decode int8-group128" in s for s in logs)
+    whole = quant_search.quant_steps(DecodeConfig(), 4, 2)[-1](DecodeConfig())  # the last step: whole tiles
+    assert [(c.block_i, c.block_h, c.block_ho, c.block_id, c.num_stages) for c in whole] == \
+        [(16, 64, 16, 64, 3), (32, 32, 16, 32, 3)]
     assert any("int8-channel: decode for T ≤ 2, grouped GEMM above" in s for s in logs)
     jobs = compile_jobs(["tiny"], (2, 8, 128), cpu, ("int8-channel",))
     assert {(j[1], j[2]) for j in jobs} == {(2, "decode:int8-channel"), (8, "decode:int8-channel")}
