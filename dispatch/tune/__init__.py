@@ -28,8 +28,9 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
 * **Quantized experts** (``--quant``, chapter 7, :mod:`dispatch.tune.quant_search`), instead of the
   above: the decode tiles for codes in each scheme, T ≤ 64, by the same descent started from the
   bf16 decode's tiles (what the launcher takes without an entry), plus a step of longer reduction
-  chunks and one of whole up and down tiles (``QUANT_TILES``); every candidate is shrunk to fit the scale blocks; from 8 tokens also the weight-only
-  grouped GEMM, for the scheme's own crossover. Entries keyed 'bfloat16+<scheme>'.
+  chunks and one of whole up and down tiles (``QUANT_TILES``); every candidate is shrunk to fit the
+  scale blocks; from 8 tokens also the weight-only grouped GEMM, for the scheme's own crossover.
+  Entries keyed 'bfloat16+<scheme>'.
   For fp8 schemes on sm_89+ also the w8a8 entry 'bfloat16+<scheme>+w8a8' ('<scheme>+w8a8': it
   alone): the decode tiles on fp8 activations (T ≤ 64, the same descent from the weight-only
   tiles; its own crossover against the w8a8 grouped GEMM), and the w8a8 grouped GEMM (T ≥ 128):
