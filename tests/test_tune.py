@@ -504,3 +504,28 @@ def test_refine_refuses_a_one_launch_that_is_not_bitwise(tiny_table, monkeypatch
     monkeypatch.setattr(refine, "moe_decode", off_by_a_bit)
     with pytest.raises(AssertionError, match="not bitwise"):
         refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, timer=fake_us, log=lambda s: None)
+
+
+def test_refine_tries_whole_tiles_on_quantized_entries_only(tiny_table, monkeypatch):
+    """--refine --quant: after the down step, the whole tiles of QUANT_TILES (3 stages), kept where
+    faster (within tolerance of the start); a bf16 entry's refine never tries them."""
+    from dispatch.tune import refine
+
+    whole = (32, 32, 16, 32)  # (block_i, block_h, block_ho, block_id); the start has (16, 32, 16, 32)
+    monkeypatch.setattr(quant_search, "QUANT_TILES", (whole,))
+
+    def price(fn, c):
+        fn()
+        return 100.0 - 40.0 * ((c.block_i, c.block_h, c.block_ho, c.block_id) == whole)
+
+    for schemes, dt in ((("int8-channel",), "torch.float32+int8-channel"), ((), torch.float32)):
+        out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, schemes, timer=price,
+                                   log=lambda s: None, tokens={2})
+        b = out[tables.shape_key(8, 64, 32, 2, dt)]["buckets"]["2"]
+        d = DecodeConfig(**b["decode"])
+        took = (d.block_i, d.block_h, d.block_ho, d.block_id) == whole
+        assert took == bool(schemes) and b["refined_us"] == (60.0 if schemes else 100.0)
+        assert not took or d.num_stages == 3
+    jobs = refine.compile_jobs(["tiny"], tiny_table, torch.float32, ("int8-channel",))
+    assert jobs and all(any((c.block_i, c.block_h, c.block_ho, c.block_id) == whole for c in cands)
+                        for *_, cands in jobs)

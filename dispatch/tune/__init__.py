@@ -41,8 +41,8 @@ Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 163
 * **Refine** (``--refine``, :mod:`dispatch.tune.refine`), instead of a descent: from each decode
   bucket's config in the table, the down-tile step, the one-launch step and (T ≤ 16) the split
   steps, so that a grown search space (the 128-row down tiles, split items) reaches a table without
-  re-tuning it; with ``--quant``, those schemes' entries, their weight-only grouped GEMM timed beside
-  them for the crossover.
+  re-tuning it; with ``--quant``, those schemes' entries (after the down step also the whole tiles of
+  ``QUANT_TILES``), their weight-only grouped GEMM timed beside them for the crossover.
 * **Crossover**: where both ran, the whole grouped path (sort, up, down, combine) against decode;
   the decode path serves T ≤ the last bucket before the grouped path first wins. With a shared
   expert riding along, as ``moe()`` runs them: decode with it inside against the grouped path plus

@@ -71,8 +71,13 @@ def quant_steps(base: DecodeConfig, sms: int, T: int | None = None):
     carries half the bytes of bf16, so longer chunks keep as many bytes in flight; then whole tiles
     (``QUANT_TILES``)."""
     return (*decode_steps(base, sms, T), lambda b: [replace(b, block_h=h, block_id=d) for h, d in QUANT_CHUNKS],
-            lambda b: [replace(b, block_i=i, block_h=h, block_ho=o, block_id=d, num_stages=3)
-                       for i, h, o, d in QUANT_TILES])
+            whole_tiles)
+
+
+def whole_tiles(b: DecodeConfig) -> list[DecodeConfig]:
+    """``b`` with each of ``QUANT_TILES`` (3 stages): the last step of a quantized descent, and of
+    ``--refine --quant``."""
+    return [replace(b, block_i=i, block_h=h, block_ho=o, block_id=d, num_stages=3) for i, h, o, d in QUANT_TILES]
 
 
 def w8a8_schemes(schemes, dev) -> tuple[str, ...]:

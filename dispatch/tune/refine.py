@@ -7,7 +7,8 @@ with ``--quant``, instead, those schemes' entries; with ``--tokens``, those buck
 config is the start and the last steps of the descent (:func:`dispatch.tune.search.decode_steps`) run
 from it: the down tiles (``DECODE_DOWN``, which grew 128-row tiles after the H200 table was tuned;
 a candidate must agree with the start's output within ``TOLERANCE``: another I chunk rounds
-differently), then the same tiles in one launch (:mod:`dispatch.kernels.decode_fused`, over lags and
+differently; for quantized entries then the whole tiles of ``quant_search.QUANT_TILES``, the same
+way), then the same tiles in one launch (:mod:`dispatch.kernels.decode_fused`, over lags and
 grid sizes; a candidate must give *bitwise* the chain's output with those tiles), and at up to
 ``SPLIT_MAX_T`` tokens split items (:mod:`dispatch.kernels.decode_split`: another summation order, so
 within ``TOLERANCE`` of the chain). A candidate replaces the best only when measured faster. The
@@ -32,7 +33,7 @@ from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
 from dispatch.moe import shared_rides_along
 from dispatch.tune.compile import split_kernels
-from dispatch.tune.quant_search import grouped_us
+from dispatch.tune.quant_search import grouped_us, whole_tiles
 from dispatch.tune.search import (
     GROUPED_MIN_T,
     ONE_LAUNCH_STEP,
@@ -68,7 +69,7 @@ def compile_jobs(presets, doc: dict, dtype, schemes=(), tokens=None) -> list[tup
                 if "decode" in b and (tokens is None or int(T) in tokens):
                     start = tiles.DecodeConfig(**b["decode"])
                     cands = [replace(start, fused=1, split=0), *decode_steps(start, 1)[1](start),
-                             *split_kernels(start, int(T))]
+                             *split_kernels(start, int(T)), *(whole_tiles(start) if scheme else ())]
                     jobs.append((name, int(T), f"{kind}:{scheme}" if scheme else kind, list(dict.fromkeys(cands))))
     return jobs
 
@@ -83,23 +84,26 @@ def _runner(kind, qe, case, w8a8=False):
     return functools.partial(moe_decode, x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared)
 
 
-def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=print, T: int | None = None):
+def refine_bucket(run, start, sms: int, timer, what: str, fit=lambda c: c, log=print, T: int | None = None,
+                  quantized: bool = False):
     """From ``start``: the down step (each candidate through ``fit``; one that fails or strays beyond
-    TOLERANCE of the start's output is dropped, as in a full descent), then the one-launch step from the
+    TOLERANCE of the start's output is dropped, as in a full descent; ``quantized``: then the whole
+    tiles of ``quant_search.QUANT_TILES``, the same way), then the one-launch step from the
     best (bitwise the chain with its tiles, else AssertionError), then at T ≤ ``SPLIT_MAX_T`` the split
     steps (within TOLERANCE of the chain) → (best config, its µs, the start's µs)."""
     ref = run(config=start)
     best, best_us = start, timer(functools.partial(run, config=start), start)
     start_us = best_us
     steps = decode_steps(start, sms, T)
-    cands = [c for c in dict.fromkeys(fit(c) for c in steps[1](start)) if c != start]
-    try:
-        cand, cand_us, _ = _best(cands, lambda c: run(config=c), ref, timer, log, f"{what} down") \
-            if cands else (start, start_us, None)
-    except RuntimeError:  # no down candidate compiled and agreed: the start's tiles stay
-        cand, cand_us = start, start_us
-    if cand_us < best_us:
-        best, best_us = cand, cand_us
+    for step, label in ((steps[1], "down"), *(((whole_tiles, "whole tiles"),) if quantized else ())):
+        cands = [c for c in dict.fromkeys(fit(c) for c in step(best)) if c != best]
+        try:
+            cand, cand_us, _ = _best(cands, lambda c: run(config=c), ref, timer, log, f"{what} {label}") \
+                if cands else (best, best_us, None)
+        except RuntimeError:  # no candidate compiled and agreed: the tiles so far stay
+            continue
+        if cand_us < best_us:
+            best, best_us = cand, cand_us
     chain = ref if best is start and not (start.fused or start.split) else run(config=replace(best, fused=0, split=0))
     # w8a8: no one-launch candidate (fit_w8a8 keeps three launches)
     for cand in dict.fromkeys(fit(c) for c in steps[ONE_LAUNCH_STEP](best)):
@@ -147,7 +151,7 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             run = _runner(kind, qe, case, w8a8)
             start = tiles.DecodeConfig(**b["decode"])
             best, best_us, start_us = refine_bucket(run, start, sms, timer, f"{key} T={T}", log=log, fit=fit,
-                                                    T=int(T))
+                                                    T=int(T), quantized=qe is not None)
             # decode_us stays in the tuning run's frame (the crossover compares it with that run's grouped_us):
             # the tuned time scaled by this run's same-inputs ratio; the raw times are kept beside it
             b.update(decode=tiles.as_dict(best), decode_us=b.get("decode_us", start_us) * best_us / start_us,
