@@ -113,16 +113,14 @@ def test_the_shipped_h100_table_is_a_whole_tuning_of_the_presets_it_holds():
     """The H100 table (``python -m dispatch.tune`` on an H100, the four benchmark presets): every bucket of
     each layer's entry, and crossovers that follow its own times; a shared expert riding along (keyed
     E + n, K + n: DeepSeek-MoE's) has a decode-only entry, every bucket up to DECODE_MAX_T, no crossover."""
-    from dispatch.config import PRESETS
-    from dispatch.moe import shared_rides_along
+    from dispatch.tune.refine import variants
     from dispatch.tune.search import BENCH_PRESETS, DECODE_MAX_T, crossover
 
     doc = tables.load("h100-80gb-hbm3")
     assert doc["device"] == "NVIDIA H100 80GB HBM3"
-    layers = {tables.shape_key(c.E, c.H, c.I, c.K, "bfloat16") for c in map(PRESETS.get, BENCH_PRESETS)}
-    riding = {tables.shape_key(c.E + n, c.H, c.I, c.K + n, "bfloat16")
-              for c in map(PRESETS.get, BENCH_PRESETS) if (n := shared_rides_along(c))}
-    assert set(doc["entries"]) == layers | riding and riding
+    keys = {key: kind for name in BENCH_PRESETS for key, kind, _ in variants(name, "bfloat16")}
+    riding = {key for key, kind in keys.items() if kind == "decode_shared"}
+    assert set(doc["entries"]) == set(keys) and riding
     for key, e in doc["entries"].items():
         if key in riding:
             assert sorted(map(int, e["buckets"])) == [b for b in tables.BUCKETS if b <= DECODE_MAX_T], key

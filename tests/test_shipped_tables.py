@@ -9,20 +9,18 @@ import pytest
 from dispatch import quant, tables
 from dispatch.config import PRESETS
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
-from dispatch.moe import shared_rides_along
+from dispatch.tune import refine
 
 KEY = re.compile(r"E=(\d+),H=(\d+),I=(\d+),K=(\d+),(bfloat16|float16|float32)(?:\+([a-z0-9-]+?))?(\+w8a8)?$")
 SHIPPED = sorted(f.name.removesuffix(".json") for f in importlib.resources.files(tables).iterdir()
                  if f.name.endswith(".json"))
 
 
-def layer_shapes() -> set[tuple[int, int, int, int]]:
-    """(E, H, I, K) of every preset, and (E + n, H, I, K + n) where its shared expert rides along as n."""
-    shapes = set()
-    for cfg in PRESETS.values():
-        n = shared_rides_along(cfg)
-        shapes |= {(cfg.E, cfg.H, cfg.I, cfg.K), (cfg.E + n, cfg.H, cfg.I, cfg.K + n)}
-    return shapes
+def layer_shapes() -> set[tuple[int, ...]]:
+    """(E, H, I, K) of every preset's decode entries as the tuner keys them (``refine.variants``: the
+    layer, and E + n, K + n where its shared expert rides along as n experts)."""
+    return {tuple(map(int, KEY.match(k).groups()[:4])) for name in PRESETS
+            for k, *_ in refine.variants(name, "bfloat16")}
 
 
 def test_the_h200_and_h100_tables_ship():
@@ -54,12 +52,3 @@ def test_every_shipped_entry_is_readable(slug):
                 if kind in b:
                     GemmConfig(**b[kind])
 
-
-def test_the_h100_table_covers_the_four_benchmark_layers():
-    from dispatch.tune.search import BENCH_PRESETS
-
-    entries = tables.load("h100-80gb-hbm3")["entries"]
-    for name in BENCH_PRESETS:
-        cfg = PRESETS[name]
-        e = entries[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, "bfloat16")]
-        assert {str(b) for b in tables.BUCKETS} == set(e["buckets"]), name
