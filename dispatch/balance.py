@@ -7,7 +7,7 @@ Shape legend: T tokens · E experts · K experts per token · L layers · R rank
 - Balancing in training: :func:`aux_loss` (Switch), :func:`z_loss` (ST-MoE), :func:`update_bias`
   (DeepSeek-V3's auxiliary-loss-free bias).
 - Placement: :func:`greedy_placement` (EPLB-style) plans a
-  :class:`~dispatch.parallel.placement.Placement`, the map from ranks to expert replicas that the
+  :class:`~dispatch.placement.Placement`, the map from ranks to expert replicas that the
   expert-parallel layer of chapter 4 runs; ``Placement.contiguous`` is the load-blind baseline.
 - Specialisation: :func:`top_tokens` — which tokens each expert takes.
 """
@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from dispatch.parallel.placement import Placement
+from dispatch.placement import Placement
 
 # Reference points for OLMoE-1B-7B on WikiText-2 with a capacity factor applied at inference
 # (2,048 tokens per forward): fraction of routed pairs dropped and perplexity, for chapter 5's

@@ -21,16 +21,16 @@ at <= 16 tokens (softmax routing): there it is the decode step's GEMV (``dense_g
 launch that programmatic dependent launch chains to its neighbours (``dispatch.kernels.pdl``).
 The kernel paths are ``torch.library`` ops: ``torch.compile`` traces through them, CUDA graphs capture
 them (no host sync), and a backward through them raises (train with path="torch").
-Bad ids and non-finite tokens: see :mod:`dispatch.kernels.checks` (``check_ids=True`` to raise).
+Bad ids and non-finite tokens: see :mod:`dispatch.checks` (``check_ids=True`` to raise).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from dispatch.checks import check_launch
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.hf import config_from_hf, weights_from_hf
-from dispatch.kernels.checks import check_launch
 from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts

@@ -15,7 +15,7 @@ ids and output all ``torch.equal``). Two known, bounded exceptions:
     rounds once; we round the weight to the input dtype first (as OLMoE / Qwen do): a few ulp.
 As a module: ``dispatch.MoELayer(cfg, w, path="torch")`` (or ``MoELayer.from_hf(block, hf_config,
 path="torch")``) runs exactly this layer and can replace a transformers block.
-Bad ids and non-finite tokens follow :mod:`dispatch.kernels.checks`: an id outside [0, E) adds
+Bad ids and non-finite tokens follow :mod:`dispatch.checks`: an id outside [0, E) adds
 nothing (``check_ids=True`` raises); a NaN/Inf token gives a non-finite row and disturbs no other.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dispatch.checks import check_experts_inputs
 from dispatch.config import MoEConfig, MoEWeights
-from dispatch.kernels.checks import check_experts_inputs
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -1,4 +1,4 @@
-"""One bad-id and non-finite policy on every path (see dispatch.kernels.checks).
+"""One bad-id and non-finite policy on every path (see dispatch.checks).
 
     an expert id outside [0, E) never addresses memory and contributes nothing;
     ``check_ids=True`` raises a ValueError naming it;

@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime
+from dispatch.checks import check_launch, check_tensor
 from dispatch.kernels import pdl
-from dispatch.kernels.checks import check_launch, check_tensor
 from dispatch.kernels.pdl import pdl_enter
 
 MIN_CHUNK = 128  # fewest keys a split program takes: below that a second launch costs more than it saves

@@ -126,7 +126,7 @@ def _down_combine_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, y_ptr, E, H, I, s_de, s_
 
 def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tensor:
     """One token's routed experts in two launches: up+SwiGLU, then down × weight summed over k."""
-    from dispatch.kernels.checks import check_experts_inputs
+    from dispatch.checks import check_experts_inputs
 
     T, K, E, H, I = check_experts_inputs(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI)
     if T != 1 or x_1H.stride(1) != 1 or gate_up_E2IH.stride(2) != 1 or down_EHI.stride(2) != 1 \

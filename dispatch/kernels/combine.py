@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 from torch.library import custom_op
 
+from dispatch.checks import check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels import pdl
-from dispatch.kernels.checks import check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 
 

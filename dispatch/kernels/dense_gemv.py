@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime
+from dispatch.checks import check_launch
 from dispatch.kernels import pdl
-from dispatch.kernels.checks import check_launch
 from dispatch.kernels.pdl import pdl_release, pdl_wait
 from dispatch.kernels.tiles import HEADROOM
 

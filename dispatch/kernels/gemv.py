@@ -40,9 +40,9 @@ import torch.nn.functional as F
 import triton
 from torch.library import custom_op
 
+from dispatch.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels import decode_fused, decode_split, pdl, tiles
 from dispatch.kernels import trace as trace_rows
-from dispatch.kernels.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.quant_kernels import weight_operand

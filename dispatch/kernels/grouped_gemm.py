@@ -19,8 +19,8 @@ import torch
 import triton
 from torch.library import custom_op
 
+from dispatch.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels import pdl, tiles, tma
-from dispatch.kernels.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.grouped_kernels import _down_kernel, _down_tile, _swizzle, _up_swiglu_kernel, _up_tile  # noqa: F401
 from dispatch.kernels.quant_kernels import fp8_rows, weight_first, weight_operand
@@ -160,7 +160,7 @@ def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Gem
     contributions summed in k order. ``config`` pins all tile sizes (rows then do not depend on
     each other: bitwise the same whether computed alone or in a batch); ``configs`` = (up, down) pins
     each kernel's own (same block_m). Default: :func:`dispatch.kernels.tiles.gemm_configs`. Ids outside
-    [0, E) add nothing (``check_ids=True``: raise instead, one host sync); see :mod:`dispatch.kernels.checks`.
+    [0, E) add nothing (``check_ids=True``: raise instead, one host sync); see :mod:`dispatch.checks`.
     Registered as ``torch.ops.dispatch.moe_experts`` (``torch.compile`` keeps it whole; no backward).
     """
     check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)

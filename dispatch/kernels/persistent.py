@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from dispatch import runtime
+from dispatch.checks import check_experts_inputs, check_launch
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
-from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.combine import combine
 from dispatch.kernels.sort import sort_by_expert
 

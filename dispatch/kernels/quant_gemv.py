@@ -27,8 +27,8 @@ from dataclasses import replace
 import torch
 
 from dispatch import runtime
+from dispatch.checks import check_experts_inputs, check_launch
 from dispatch.kernels import tiles
-from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.gemv import by_expert_torch, moe_decode_torch, run_decode
 from dispatch.kernels.quant_kernels import W8A8_GROUP, fp8_rows
 from dispatch.kernels.tiles import DecodeConfig
@@ -113,7 +113,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
     ``moe_decode``; its block_h / block_id must fit the scale blocks (default: the table's tiles
     for this scheme where ``python -m dispatch.tune --quant`` wrote them — the H200 table has
     int8-channel, fp8-block128 and fp8-channel for the four benchmark shapes — else the bf16
-    decode's, tuned or heuristic, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
+    decode's, tuned or heuristic, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.checks`).
     ``w8a8`` (fp8 schemes, sm_89+): fp8 activations, fp8 × fp8 products; the table's
     '<scheme>+w8a8' decode tiles, else the weight-only ones, through :func:`fit_w8a8` (a given
     ``config`` must already fit: 16-row tiles, chunks of ≥ 32, not fused).

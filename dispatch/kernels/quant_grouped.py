@@ -21,8 +21,8 @@ from dataclasses import replace
 import torch
 
 from dispatch import runtime
+from dispatch.checks import check_experts_inputs, check_launch
 from dispatch.kernels import tiles
-from dispatch.kernels.checks import check_experts_inputs, check_launch
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.gemv import by_expert_torch
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
@@ -68,7 +68,7 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     fp8 tensor cores; fp8 schemes on sm_89+ only. ``config`` pins the tiles, one GemmConfig for both
     kernels or an (up, down) pair sharing block_m (BLOCK_K must fit the scale blocks; 128 for w8a8
     with block scales).
-    Bad ids as everywhere (:mod:`dispatch.kernels.checks`).
+    Bad ids as everywhere (:mod:`dispatch.checks`).
     """
     gu, dn = stand_ins(x_TH, experts)
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gu, dn, check_ids=check_ids)

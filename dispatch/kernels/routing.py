@@ -30,9 +30,9 @@ import triton
 import triton.language as tl
 from torch.library import custom_op
 
+from dispatch.checks import check_launch, no_backward, via_op
 from dispatch.config import MoEConfig
 from dispatch.kernels import pdl
-from dispatch.kernels.checks import check_launch, no_backward, via_op
 from dispatch.kernels.pdl import pdl_enter
 from dispatch.reference import route_reference
 

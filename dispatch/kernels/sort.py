@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dispatch.checks import check_ids_in_range, check_launch
 from dispatch.kernels import pdl
-from dispatch.kernels.checks import check_ids_in_range, check_launch
 from dispatch.kernels.pdl import pdl_enter
 
 

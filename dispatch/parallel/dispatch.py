@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dispatch.kernels.checks import check_ids_in_range, check_routing_inputs
+from dispatch.checks import check_ids_in_range, check_routing_inputs
 from dispatch.kernels.combine import combine as combine_k
-from dispatch.parallel.placement import Placement
+from dispatch.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class DispatchMeta:
 
 def check_routing(x_TH, weights_TK, ids_TK, num_experts: int, hidden: int, top_k: int,
                   check_ids: bool | None = None) -> None:
-    """ValueError unless the routing passes :func:`dispatch.kernels.checks.check_routing_inputs` and
+    """ValueError unless the routing passes :func:`dispatch.checks.check_routing_inputs` and
     fits this layer (H = ``hidden``, K = ``top_k``); ``check_ids`` (default: on CPU; on a GPU it would
     cost a host sync) also refuses ids outside [0, E). Unchecked, a row whose id lies outside [0, E)
     is computed nowhere and contributes nothing."""

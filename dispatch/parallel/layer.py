@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dispatch.checks import check_launch
 from dispatch.config import MoEConfig
 from dispatch.kernels import tiles
-from dispatch.kernels.checks import check_launch
 from dispatch.kernels.gemv import decode_rows
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
 from dispatch.kernels.routing import route
@@ -31,7 +31,7 @@ from dispatch.kernels.sort import sort_by_expert
 from dispatch.moe import MoELayer
 from dispatch.parallel.dispatch import check_routing, combine, dispatch
 from dispatch.parallel.launch import check_same_everywhere
-from dispatch.parallel.placement import Placement
+from dispatch.placement import Placement
 from dispatch.reference import check_input, router_logits, shared_reference
 
 

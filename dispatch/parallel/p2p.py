@@ -29,7 +29,7 @@ import triton.language as tl
 from dispatch import runtime
 from dispatch.kernels.combine import combine as combine_k
 from dispatch.parallel.dispatch import check_routing, plan
-from dispatch.parallel.placement import Placement
+from dispatch.placement import Placement
 
 MAX_RANKS = 8
 

@@ -1,6 +1,7 @@
 """Quantized experts: int8 and fp8 e4m3 expert weights with their scales (chapter 7).
 
-    formats.py   SCHEMES, quantize_tensor / quantize_experts → QuantizedExperts (exact .nbytes())
+    formats.py   quantize_tensor / quantize_experts → QuantizedExperts (exact .nbytes()); the schemes
+                 themselves are :mod:`dispatch.schemes`
     io.py        save / load (safetensors), quantize_model (transformers), dequantized_model
     modules.py   QuantizedExpertsModule / swap_experts: our quantized kernels inside a transformers model
     accuracy.py  the gates: per-layer error for every preset, perplexity, greedy-token agreement
@@ -9,20 +10,33 @@ The kernels that read the codes and dequantize in registers are the decode and g
 themselves, behind one constexpr switch (``QUANT``, :mod:`dispatch.kernels.quant_kernels`); their
 launchers for quantized experts: ``dispatch.kernels.quant_gemv`` (decode, weight-only) and
 ``dispatch.kernels.quant_grouped`` (grouped GEMM, w8a16 and fp8 w8a8).
-"""
-from dispatch.quant.accuracy import greedy, greedy_agreement, layer_error, perplexity
-from dispatch.quant.formats import (
-           SCHEMES,
-           QuantizedExperts,
-           QuantizedTensor,
-           Scheme,
-           get_scheme,
-           quantize_experts,
-           quantize_tensor,
-)
-from dispatch.quant.io import dequantized_model, load, quantize_model, save
-from dispatch.quant.modules import QuantizedExpertsModule, swap_experts
 
-__all__ = ["SCHEMES", "QuantizedExperts", "QuantizedExpertsModule", "QuantizedTensor", "Scheme",
-           "dequantized_model", "get_scheme", "greedy", "greedy_agreement", "layer_error", "load", "perplexity",
-           "quantize_experts", "quantize_model", "quantize_tensor", "save", "swap_experts"]
+The names below load on first use: ``formats`` is plain PyTorch beneath the kernels (layer 1 of
+CONTRIBUTING.md's layers), and ``import dispatch.quant.formats`` loads nothing else of this package.
+"""
+import importlib
+
+_LAZY = {
+    "greedy": "accuracy", "greedy_agreement": "accuracy", "layer_error": "accuracy", "perplexity": "accuracy",
+    "SCHEMES": "formats", "QuantizedExperts": "formats", "QuantizedTensor": "formats", "Scheme": "formats",
+    "get_scheme": "formats", "quantize_experts": "formats", "quantize_tensor": "formats",
+    "dequantized_model": "io", "load": "io", "quantize_model": "io", "save": "io",
+    "QuantizedExpertsModule": "modules", "swap_experts": "modules",
+}
+
+_MODULES = ("accuracy", "formats", "io", "modules")
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _MODULES:  # ``quant.formats`` after ``from dispatch import quant``
+        return importlib.import_module(f"dispatch.quant.{name}")
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"dispatch.quant.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dispatch.quant' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_MODULES))
