@@ -196,22 +196,15 @@ def exercises(*names: str) -> None:
 
 def time_graph_ms(fn) -> float:
     """Median milliseconds of one replay of ``fn`` captured in a CUDA graph (launch overhead gone):
-    the harness's ``time_ms(fn, graph=True)``. NaN, with a printed note, where ``fn`` cannot be
-    captured (it waits for the host somewhere), so that a live cell never stops a chapter."""
+    the harness's ``time_ms(fn, graph=True)`` (captured by :mod:`dispatch.timing`). NaN, with a printed
+    note, where ``fn`` cannot be captured (it waits for the host somewhere), so that a live cell never
+    stops a chapter."""
     import torch
 
     from dispatch_book import bench
 
     try:
-        try:
-            return bench.time_ms(fn, graph=True)["median_ms"]
-        except TypeError:  # a harness without graph timing: capture here
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            return bench.time_ms(g.replay)["median_ms"]
+        return bench.time_ms(fn, graph=True)["median_ms"]
     except RuntimeError as e:
         print(f"(no CUDA graph for {getattr(fn, '__name__', 'this call')}: {str(e).splitlines()[0]})")
         torch.cuda.synchronize()

@@ -226,8 +226,17 @@ LATE = {"decode up", "decode down", "combine", "down_combine", "grouped up", "gr
 
 def _decode_step_kernels() -> list[tuple[str, object, dict]]:
     """(name, kernel, constexprs) of every kernel a decode step launches with PDL (chapter 6)."""
-    from dispatch.engine import attention, fused, fused_moe
-    from dispatch.kernels import combine, dense_gemv, gemv_kernels, grouped_kernels, routing, sort
+    from dispatch.kernels import (
+        attention,
+        combine,
+        dense_gemv,
+        fused_moe,
+        gemv_kernels,
+        grouped_kernels,
+        norm_rope,
+        routing,
+        sort,
+    )
 
     dec = dict(SBR=1, SBC=1, QUANT=False, W8A8=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16,
                NUM_STAGES=3, NS=0)
@@ -238,8 +247,8 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
          dict(HAS_BIAS=False, DOT=False, PRECISION="tf32", BLOCK_N=4, BLOCK_K=2048, NUM_STAGES=1)),
         ("dense_gemv M=2..16", dense_gemv._dense_gemv_kernel,
          dict(HAS_BIAS=True, DOT=True, PRECISION="tf32", BLOCK_N=64, BLOCK_K=128, NUM_STAGES=3)),
-        ("add_rms", fused._add_rms_kernel, dict(HAS_D=True, BLOCK=2048)),
-        ("qk_rope", fused._qk_rope_kernel, dict(NORM=1, D=128, BLOCK_NH=16, BLOCK_KV=16)),
+        ("add_rms", norm_rope._add_rms_kernel, dict(HAS_D=True, BLOCK=2048)),
+        ("qk_rope", norm_rope._qk_rope_kernel, dict(NORM=1, D=128, BLOCK_NH=16, BLOCK_KV=16)),
         ("decode_attention", attention._decode_attn_kernel,
          dict(D=128, BLOCK_G=16, BLOCK_S=64, PREC="tf32", PARTIALS=True)),
         ("attention combine", attention._combine_kernel, dict(D=128, BLOCK_SP=16)),

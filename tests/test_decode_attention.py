@@ -1,4 +1,4 @@
-"""Decode attention (dispatch.engine.attention) against its fp32 twin, torch's SDPA with the engine's
+"""Decode attention (dispatch.kernels.attention) against its fp32 twin, torch's SDPA with the engine's
 boolean mask, and hand-computed cases; CPU under Triton's interpreter in fp32 and fp16, bf16 on a GPU.
 Tolerance: relative to the largest |reference| value, 1e-5 in fp32, 4e-3 in fp16 (p rounded to fp16
 before the P·V product, the output rounded once), 2e-2 in bf16."""
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dispatch.engine import attention
-from dispatch.engine.attention import decode_attention, decode_attention_torch, num_splits
+from dispatch.kernels import attention
+from dispatch.kernels.attention import decode_attention, decode_attention_torch, num_splits
 
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 

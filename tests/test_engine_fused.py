@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dispatch.engine import LeanModel
-from dispatch.engine.fused import add_rms, add_rms_torch, qk_rope, qk_rope_torch
 from dispatch.hf import tiny_model
+from dispatch.kernels.norm_rope import add_rms, add_rms_torch, qk_rope, qk_rope_torch
 
 TOL = 1e-5
 

@@ -5,8 +5,8 @@ import torch
 
 from dispatch.config import MoEConfig
 from dispatch.engine import LeanModel
-from dispatch.engine.fused_moe import moe_decode_1, router_topk, router_topk_torch
 from dispatch.hf import tiny_model
+from dispatch.kernels.fused_moe import moe_decode_1, router_topk, router_topk_torch
 from dispatch.kernels.gemv import moe_decode_torch
 
 TOL = 1e-5

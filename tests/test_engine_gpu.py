@@ -115,7 +115,7 @@ def test_batch1_fused_moe_gpu():
     """Batch 1 (router+top-K in one kernel, down and combine in one): OLMoE's layer shape against the
     twins, then the engine's graphed tokens against the unfused lean forward's, row by row."""
     from dispatch.config import MoEConfig
-    from dispatch.engine.fused_moe import moe_decode_1, router_topk, router_topk_torch
+    from dispatch.kernels.fused_moe import moe_decode_1, router_topk, router_topk_torch
     from dispatch.kernels.gemv import moe_decode_torch
 
     dt = runtime.compute_dtype()

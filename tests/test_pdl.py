@@ -42,9 +42,9 @@ def _both(fn):
 @pytest.mark.gpu
 def test_kernels_bitwise_with_and_without_pdl():
     from dispatch.config import MoEConfig, random_weights
-    from dispatch.engine.attention import decode_attention
-    from dispatch.engine.fused import add_rms
+    from dispatch.kernels.attention import decode_attention
     from dispatch.kernels.dense_gemv import linear_small
+    from dispatch.kernels.norm_rope import add_rms
     from dispatch.moe import moe
 
     dt = runtime.compute_dtype()

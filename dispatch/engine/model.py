@@ -14,16 +14,16 @@ Qwen2-MoE (QKV biases, gated shared expert, dense MLP layers). DeepSeek-V3's lat
 not written here: run it through transformers with the ``"dispatch"`` experts backend.
 
 On CUDA the norms, residual adds, q/k norms, RoPE and cache writes run as two fused kernels
-(:mod:`dispatch.engine.fused`); on CPU as their torch twins (transformers' ops, one for one).
+(:mod:`dispatch.kernels.norm_rope`); on CPU as their torch twins (transformers' ops, one for one).
 With ``decode_kernels`` (default: with ``fused``), a decode step of at most 16 rows runs its
 projections (QKV, O, lm_head) through :func:`dispatch.kernels.dense_gemv.linear_small` — a GEMV
 that streams the weights at a bandwidth cuBLAS does not reach at one row — and its attention
-through :func:`dispatch.engine.attention.decode_attention` (one launch over the static cache, no
+through :func:`dispatch.kernels.attention.decode_attention` (one launch over the static cache, no
 mask tensor); prefill keeps cuBLAS and SDPA. On sm_90+ the step's Triton kernels (these, the glue, the
 router GEMV and the decode experts) launch with programmatic dependent launch (:mod:`dispatch.kernels.pdl`):
 each one is scheduled while the one before it drains, so their launches and ramp-ups overlap.
 With ``fused_moe=True``, a softmax-routed MoE layer at batch 1 runs router + top-K as one kernel
-and the experts as two (:mod:`dispatch.engine.fused_moe`). Off by default: measured on an H200 it
+and the experts as two (:mod:`dispatch.kernels.fused_moe`). Off by default: measured on an H200 it
 was slower than the library's three decode launches (501 vs 719 tokens/s at batch 1): its down
 kernel gives OLMoE's layer half the programs, too few to stream the weights at full bandwidth.
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from dispatch.config import MoEConfig, MoEWeights
-from dispatch.engine.attention import decode_attention
-from dispatch.engine.fused import add_rms, add_rms_torch, qk_rope, qk_rope_torch
 from dispatch.engine.quant import QuantLayer, quantized_layer
+from dispatch.kernels.attention import decode_attention
 from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
+from dispatch.kernels.norm_rope import add_rms, add_rms_torch, qk_rope, qk_rope_torch
 from dispatch.quant.modules import QuantizedExpertsModule
 
 FAMILIES = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe")
@@ -82,8 +82,8 @@ class LeanModel(torch.nn.Module):
 
         ``moe_path``: the :func:`dispatch.moe` path; default "auto" on CUDA (decode kernels for
         few tokens, grouped GEMM above), "torch" on CPU (the interpreter only when asked).
-        ``fused``: the glue kernels of :mod:`dispatch.engine.fused` (default: on CUDA), else torch ops.
-        ``fused_moe``: at batch 1, :mod:`dispatch.engine.fused_moe` (needs ``fused``; off: slower).
+        ``fused``: the glue kernels of :mod:`dispatch.kernels.norm_rope` (default: on CUDA), else torch ops.
+        ``fused_moe``: at batch 1, :mod:`dispatch.kernels.fused_moe` (needs ``fused``; off: slower).
         ``decode_kernels``: the decode step's GEMV and attention kernels (default: as ``fused``).
         ``quantized``: {layer index: QuantizedExperts} (``dispatch.quant.quantize_model``) to run those
         layers' experts on (the transformers model is left as it is)."""
@@ -165,7 +165,7 @@ class LeanModel(torch.nn.Module):
             return F.linear(F.silu(F.linear(x_TH, g)) * F.linear(x_TH, u), dn)
         cfg, w = self.moe_cfgs[i], d["moe"]
         if self.fused_moe and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and cfg.scoring == "softmax":
-            from dispatch.engine.fused_moe import moe_decode_1, router_topk
+            from dispatch.kernels.fused_moe import moe_decode_1, router_topk
             from dispatch.reference import shared_reference
 
             weights_TK, ids_TK = router_topk(x_TH, w.router_EH, cfg)  # batch 1: 3 launches, not 5

@@ -1,4 +1,4 @@
-"""The one k-order combine: y_TH[t] = Σ_{k=0..K-1} out_NH[t·K + k], in k order, fp32, one cast.
+"""The k-order combine: y_TH[t] = Σ_{k=0..K-1} out_NH[t·K + k], in k order, fp32, one cast.
 
 Used by the grouped path, the decode path and expert parallelism. No atomics and no scatter:
 token t reads its K routed rows (rows t·K .. t·K+K-1) and adds them in a fixed order from a zero
@@ -11,6 +11,8 @@ The decode path's shared experts (``combine_impl(extra=n)``) add n rows per toke
 no id to check: token t's rows are t·(K+n) .. t·(K+n)+K+n-1, summed in that order.
 
 Example: K = 2, out_NH rows [a0, a1, b0, b1] → y_TH rows [a0 + a1, b0 + b1].
+The sum itself is :func:`dispatch.kernels.helpers.k_order_sum`, which the one-launch decode kernel
+(:mod:`dispatch.kernels.decode_fused`) runs too.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from torch.library import custom_op
 
 from dispatch.checks import check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels import pdl
+from dispatch.kernels.helpers import k_order_sum
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 
 
@@ -29,17 +32,12 @@ def _combine_kernel(out_ptr, ids_ptr, y_ptr, H, E, s_on, s_oh, s_it, s_ik, s_yt,
                     TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
                     NS: tl.constexpr):
     pdl_enter(PDL)
-    t = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)  # [1]: this program's token
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for k in tl.static_range(TOP_K + NS):  # fixed k order; the NS shared experts' rows last
-        row = tl.load(out_ptr + (t * (TOP_K + NS) + k) * s_on + offs * s_oh, mask=mask, other=0.0).to(tl.float32)
-        if HAS_IDS and k < TOP_K:
-            e = tl.load(ids_ptr + t * s_it + k * s_ik)
-            row = tl.where((e >= 0) & (e < E), row, 0.0)  # select, never multiply: the row may be garbage
-        acc += row
-    tl.store(y_ptr + t * s_yt + offs * s_yh, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    acc = k_order_sum(out_ptr, ids_ptr, t, t >= 0, offs, mask, TOP_K, E, s_on, s_oh, s_it, s_ik,
+                      NS, TOP_K + NS, HAS_IDS, "", 1, BLOCK_H)  # fixed k order; the NS shared rows last
+    tl.store(y_ptr + t[:, None] * s_yt + offs[None, :] * s_yh, acc.to(y_ptr.dtype.element_ty), mask=mask[None, :])
     pdl_exit(PDL)
 
 

@@ -40,6 +40,7 @@ import triton.language as tl
 from dispatch.kernels import pdl
 from dispatch.kernels import trace as trace_rows
 from dispatch.kernels.gemv_kernels import _down_item, _expert_counts, _up_item
+from dispatch.kernels.helpers import k_order_sum
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.trace import record, stamp
 
@@ -49,24 +50,16 @@ COUNTERS = tl.constexpr(2)  # ws[0]: the ticket, ws[1]: programs that have left;
 @triton.jit
 def _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, o_tile, s_it, s_ik, s_on, s_yt,
                   NS: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HO: tl.constexpr):
-    """y_TH[:, the H tile] = Σ_k out_NH[t·(K+NS) + k] in k order (fp32, one cast); a routed row whose id
-    is outside [0, E) is selected away (never written). Rows are read from L2 (other programs wrote them)."""
+    """y_TH[:, the H tile] = Σ_k out_NH[t·(K+NS) + k] in k order (fp32, one cast): the k-order sum of
+    ``combine``; a routed row whose id is outside [0, E) is selected away (never written). Rows are read
+    from L2 (other programs wrote them)."""
     offs_o = o_tile * BLOCK_HO + tl.arange(0, BLOCK_HO)
     mask_o = offs_o < H
     for t0 in range(0, T, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         mask_t = offs_t < T
-        acc = tl.zeros([BLOCK_T, BLOCK_HO], dtype=tl.float32)
-        for k in tl.static_range(KP):  # fixed k order; the NS shared experts' rows last
-            if k < K + NS:
-                ok = mask_t
-                if k < K:
-                    e = tl.load(ids_ptr + offs_t * s_it + k * s_ik, mask=mask_t, other=-1)
-                    ok = mask_t & (e >= 0) & (e < E)
-                rows = (offs_t * (K + NS) + k).to(tl.int64)
-                row = tl.load(out_ptr + rows[:, None] * s_on + offs_o[None, :], mask=mask_t[:, None] & mask_o[None, :],
-                              other=0.0, cache_modifier=".cg")
-                acc += tl.where(ok[:, None], row, 0.0)
+        acc = k_order_sum(out_ptr, ids_ptr, offs_t, mask_t, offs_o, mask_o, K, E, s_on, 1, s_it, s_ik,
+                          NS, KP, True, ".cg", BLOCK_T, BLOCK_HO)
         tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * s_yt + offs_o[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=mask_t[:, None] & mask_o[None, :])
 

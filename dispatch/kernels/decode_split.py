@@ -46,6 +46,7 @@ from dispatch.kernels.gemv_kernels import (
     _tile_out,
     _up_item,
 )
+from dispatch.kernels.helpers import routed_ok
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _block_scales
 from dispatch.kernels.trace import record, stamp
@@ -108,9 +109,8 @@ def _reduce_cols(p_ptr, w_ptr, ids_ptr, y_ptr, T, K, E, H, tiles, r_tile, s_it, 
         mask_t = offs_t < T
         acc = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
         for k in range(0, K + NS):  # fixed k order; the NS shared experts' rows (k ≥ K: weight 1) last
-            routed = tl.full([BLOCK_T], k, tl.int32) < K
-            e = tl.load(ids_ptr + offs_t * s_it + k * s_ik, mask=mask_t & routed, other=0)
-            ok = mask_t & (((e >= 0) & (e < E)) | ~routed)
+            ok = routed_ok(ids_ptr, offs_t, mask_t, k, K, E, s_it, s_ik)
+            routed = tl.full([BLOCK_T], k, tl.int32) < K  # the shared rows' weight is 1
             w = tl.load(w_ptr + offs_t * s_wt + k * s_wk, mask=ok & routed, other=1.0).to(tl.float32)
             p = p_ptr + ((offs_t * (K + NS) + k).to(tl.int64) * tiles)[:, None] * H + offs_o[None, :]
             row = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)

@@ -21,6 +21,7 @@ own tensors (``sgu_ptr`` [2S, H], ``sdn_ptr`` [H, S]). ``NS = 0`` compiles to th
 import triton
 import triton.language as tl
 
+from dispatch.kernels.helpers import swiglu
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qdot, _qfma
 from dispatch.kernels.trace import record, stamp
@@ -167,7 +168,7 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
                              W8A8, LATE_SCALE)  # before the SwiGLU
         acc_u = _late_scales(_tile_out(acc_u, BLOCK_M), s_e, I + offs_i, mask_i, s_sr, s_sc, SBR, SBC, QUANT,
                              W8A8, LATE_SCALE)
-        h_MI = acc_g * tl.sigmoid(acc_g) * acc_u
+        h_MI = swiglu(acc_g, acc_u)
         h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
         tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
     return slot

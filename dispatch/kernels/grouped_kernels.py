@@ -9,6 +9,7 @@ loads (``w_desc``, ``h_desc``) instead of pointer loads; otherwise those argumen
 import triton
 import triton.language as tl
 
+from dispatch.kernels.helpers import swiglu
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qacc, _qdot, _qout
 
@@ -66,7 +67,7 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
         sa = _act_scales(as_ptr, t, 0, valid_m, s_as, W8A8)[:, None]
         acc_g *= sa * _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
         acc_u *= sa * _block_scales(s_e, I + offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-    h = acc_g * tl.sigmoid(acc_g) * acc_u  # SwiGLU in fp32, in registers
+    h = swiglu(acc_g, acc_u)  # SwiGLU in fp32, in registers
     h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_n[None, :] * s_hi
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask_n[None, :])
 

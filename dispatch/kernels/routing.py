@@ -33,6 +33,7 @@ from torch.library import custom_op
 from dispatch.checks import check_launch, no_backward, via_op
 from dispatch.config import MoEConfig
 from dispatch.kernels import pdl
+from dispatch.kernels.helpers import topk
 from dispatch.kernels.pdl import pdl_enter
 from dispatch.reference import route_reference
 
@@ -100,18 +101,8 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, st
             keep_e = keep_e | (kept[:, None] & (grp == g)[None, :])
         avail = real & keep_e
 
+    w_acc, id_acc = topk(choice, scores, avail, cols, K, BLOCK_T, BLOCK_E, BLOCK_K)  # ties -> lowest expert id
     kcols = tl.arange(0, BLOCK_K)
-    w_acc = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)
-    id_acc = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)
-    for k in tl.range(K):  # K passes of argmax + mask; ties -> lowest expert id
-        c = tl.where(avail, choice, neg_inf)
-        m = tl.max(c, axis=1)
-        idx = tl.min(tl.where(avail & (c == m[:, None]), cols[None, :], BLOCK_E), axis=1)
-        hit = cols[None, :] == idx[:, None]
-        w = tl.sum(tl.where(hit, scores, 0.0), axis=1)
-        avail = avail & (hit == 0)
-        w_acc = tl.where(kcols[None, :] == k, w[:, None], w_acc)
-        id_acc = tl.where(kcols[None, :] == k, idx[:, None], id_acc)
     if RENORM:
         tot = tl.sum(w_acc, axis=1)
         if SIGMOID:

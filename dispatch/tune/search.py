@@ -1,8 +1,8 @@
-"""The search: candidate spaces, the graph timer, and tuning one preset (see ``dispatch.tune``)."""
+"""The search: candidate spaces and tuning one preset (see ``dispatch.tune``); timed by
+:func:`dispatch.timing.graph_us`, the one CUDA-graph timer."""
 from __future__ import annotations
 
 import functools
-import statistics
 from dataclasses import replace
 
 import torch
@@ -17,6 +17,7 @@ from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.moe import shared_rides_along
 from dispatch.reference import experts_reference, rel_err, route_reference, shared_reference
+from dispatch.timing import graph_us
 
 BENCH_PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 DECODE_MAX_T, GROUPED_MIN_T = 256, 8
@@ -89,44 +90,6 @@ def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0):
     x_TH = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
     weights_TK, ids_TK = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
     return cfg, w, x_TH, weights_TK, ids_TK
-
-
-def _graph_of(fn, calls: int) -> torch.cuda.CUDAGraph:
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    return g
-
-
-def _replay_ms(g, a, b) -> float:
-    a.record()
-    g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b)
-
-
-def graph_us(fn, cand=None, reps: int = 7) -> float:
-    """Median µs of one call of ``fn`` over ``reps`` replays of a CUDA graph of up to 30 calls, as many
-    as span ~1 ms of GPU time (the race's 30 for decode sizes). The GPU time of a call is read from a
-    one-call graph: an eager call's time is the host's launch time (~0.2 ms for the decode path), which
-    once left every small candidate a one-call graph whose replay counted the graph's own start-up —
-    a few µs that favoured the one-launch decode over the chain at one token."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    one = _graph_of(fn, 1)
-    inner = max(1, min(30, int(1.0 / max(_replay_ms(one, a, b), 1e-3))))
-    del one
-    g = _graph_of(fn, inner)
-    ts = [_replay_ms(g, a, b) * 1e3 / inner for _ in range(reps)]
-    del g
-    return statistics.median(ts)
 
 
 def _best(cands, run, base_out, timer, log, what, view=lambda y: y):

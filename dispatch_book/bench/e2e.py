@@ -121,6 +121,8 @@ def hf_graph(model, ids, new: int, impl: str) -> dict:
     """transformers' forward, one token per row, over a StaticCache, captured once and replayed."""
     from transformers import StaticCache
 
+    from dispatch.timing import capture_graph
+
     model.set_experts_implementation(impl)
     B, S = ids.shape
     cache = StaticCache(config=model.config, max_cache_len=S + new + 4)
@@ -139,15 +141,7 @@ def hf_graph(model, ids, new: int, impl: str) -> dict:
 
     with torch.no_grad():
         t_pre = _timed(prefill)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
+        g = capture_graph(step, warmup=2)
         cache.reset()
         t_pre = _timed(prefill)  # again, on the reset cache: the timed prefill
         t_dec = _timed(lambda: [g.replay() for _ in range(new - 1)])

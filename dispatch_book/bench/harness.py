@@ -9,6 +9,7 @@ wants the host overhead reports the difference of the two. On the CPU it is the 
 
 ``graph_7x30(fn)`` is the races' timer (kernels, quant, routing): a graph of 30 calls replayed 7
 times, plus the host time of one eager call; ``graph_rounds(fns)`` takes it in interleaved rounds.
+The graphs are captured and timed by the library's one CUDA-graph timer (:mod:`dispatch.timing`).
 """
 from __future__ import annotations
 
@@ -18,25 +19,11 @@ import time
 import torch
 
 from dispatch.reference import rel_err  # noqa: F401  (the benchmarks' correctness gate, re-exported)
+from dispatch.timing import capture_graph, graph_times_ms
 
 
 def _cuda() -> bool:
     return torch.cuda.is_available()
-
-
-def capture_graph(fn, warmup: int = 3) -> torch.cuda.CUDAGraph:
-    """``fn`` captured in a CUDA graph (after ``warmup`` eager calls on a side stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
 
 
 def time_ms(fn, graph: bool = False, *, warmup: int = 10, rep: int = 50) -> dict:
@@ -73,16 +60,7 @@ def graph_7x30(fn, host: bool = True) -> dict:
         t0 = time.perf_counter()
         fn()
         host_ts.append((time.perf_counter() - t0) * 1e6)
-    g = capture_graph(lambda: [fn() for _ in range(30)], warmup=1)
-    g.replay()
-    a, b, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
-    for _ in range(7):
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 30)
-    del g
+    ts = graph_times_ms(fn, 30, 7)
     out = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "samples": 7, "graph": True}
     return out | ({"host_us": statistics.median(host_ts)} if host else {})
 

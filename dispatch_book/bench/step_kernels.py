@@ -9,7 +9,7 @@ where 16 layers' weights never fit in L2). Projections: ``F.linear`` (cuBLAS) ag
 :func:`dispatch.kernels.dense_gemv.linear_small` with its heuristic tiles and with each candidate of
 ``DENSE_CONFIGS``, at 1 and 8 rows; GB/s count W, x and y once. Attention: SDPA with the boolean
 mask the engine used (key position ≤ row position over the whole static cache) against
-:func:`dispatch.engine.attention.decode_attention`, at batch 1 and 64 over caches of 256 and 2048
+:func:`dispatch.kernels.attention.decode_attention`, at batch 1 and 64 over caches of 256 and 2048
 positions, every row at the cache's last position. Each of ours is checked against its baseline
 (relative error ≤ 1e-2) before it is timed.
 """
@@ -72,7 +72,7 @@ def projections(dev, dt) -> list[dict]:
 
 
 def attention(dev, dt) -> list[dict]:
-    from dispatch.engine.attention import decode_attention
+    from dispatch.kernels.attention import decode_attention
 
     g = torch.Generator(device=dev).manual_seed(1)
     rows = []

@@ -6,9 +6,9 @@ slice of GPU time (ramp-up and tail of a small grid), paid 16 × per step at OLM
 fusions, for softmax-routed families (OLMoE, Mixtral, Qwen2/3-MoE):
 
     router_topk(x_TH, router_EH, cfg)   logits = x @ router.T (fp32 sums, rounded to x's dtype as
-                                        a GEMM's output is), softmax, K passes of argmax (ties to
-                                        the lowest id), optional renormalisation — one program per
-                                        token, one launch instead of two
+                                        a GEMM's output is), softmax, the router's top-K
+                                        (``helpers.topk``: ties to the lowest id), optional
+                                        renormalisation — one program per token, one launch, not two
     moe_decode_1(x_1H, w_1K, ids_1K, …) at T = 1: the up+SwiGLU kernel of ``dispatch.kernels.gemv``,
                                         then one kernel whose program owns an H tile and sums the
                                         K experts' down-projection rows × weight in fixed k order
@@ -28,6 +28,7 @@ from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton
 from dispatch.config import MoEConfig
 from dispatch.kernels import pdl, tiles
 from dispatch.kernels.gemv_kernels import _up_swiglu_kernel
+from dispatch.kernels.helpers import topk
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 
 
@@ -51,17 +52,10 @@ def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scalin
     logits = tl.where(mask_e, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, 0))
     p = p / tl.sum(p, 0)
-    p = tl.where(p != p, 2.0, p)  # NaN (a non-finite token) ranks first: K valid ids, NaN weights
-    p = tl.where(mask_e, p, -1.0)
+    choice = tl.where(p != p, float("inf"), p)  # NaN (a non-finite token) ranks first: K valid ids, NaN weights
+    w_1K, id_1K = topk(choice[None, :], p[None, :], mask_e[None, :], offs_e, K, 1, BLOCK_E, BLOCK_K)  # ties: lowest id
     offs_k = tl.arange(0, BLOCK_K)
-    w_K = tl.zeros([BLOCK_K], dtype=tl.float32)
-    id_K = tl.zeros([BLOCK_K], dtype=tl.int32)
-    for k in tl.static_range(K):
-        best = tl.max(p, 0)
-        e = tl.min(tl.where(p == best, offs_e, BLOCK_E), 0)  # ties: the lowest id
-        w_K = tl.where(offs_k == k, tl.where(best > 1.0, float("nan"), best), w_K)
-        id_K = tl.where(offs_k == k, e, id_K)
-        p = tl.where(offs_e == e, -2.0, p)
+    w_K, id_K = tl.sum(w_1K, axis=0), tl.sum(id_1K, axis=0)  # the one row, [BLOCK_K]
     if RENORM:
         w_K = w_K / tl.sum(tl.where(offs_k < K, w_K, 0.0), 0)
     tl.store(wts_ptr + t * K + offs_k, w_K * scaling, mask=offs_k < K)
