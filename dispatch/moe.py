@@ -9,11 +9,11 @@ Paths (``path=``):
     "torch"   the plain-PyTorch reference: bitwise ``dispatch.reference.moe_reference``; autograd works
     "triton"  routing kernel → sort → grouped GEMM up+SwiGLU → grouped down×weight → combine
     "decode"  routing kernel → the grouped-GEMV decode kernels (``dispatch.kernels.gemv``)
-    "auto"    on a GPU: "decode" for T ≤ the shape's crossover (``tiles.decode_max_tokens``: the device's
-              tuned table, else DECODE_MAX_TOKENS), else "triton"; on CPU: "torch" (Triton's
+    "auto"    on a GPU: "decode" for T ≤ the shape's crossover (``tiles.resolve("crossover", ...)``: the
+              device's tuned table, else DECODE_MAX_TOKENS), else "triton"; on CPU: "torch" (Triton's
               interpreter is for tests: it runs only when asked for with "triton" or "decode")
 ``tiles=`` pins the chosen path's tiles: a ``GemmConfig`` for "triton", a ``DecodeConfig`` for "decode"
-(a mismatch is a ValueError); unpinned, they come from the tile policy (:mod:`dispatch.kernels.tiles`).
+(a mismatch is a ValueError); unpinned, they come from the tile resolver (:func:`dispatch.kernels.tiles.resolve`).
 The shared expert runs in torch, except on "decode" where it is ungated with S a multiple of I (DeepSeek-MoE's):
 there it rides along in the decode kernels as S / I more experts (``moe_decode(shared=)``, one pass over all
 the weights; :func:`shared_rides_along`). The router matmul runs in torch too, except on the kernel paths on a GPU
@@ -35,7 +35,7 @@ from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.routing import route
-from dispatch.kernels.tiles import DECODE_MAX_TOKENS, DecodeConfig, GemmConfig, decode_max_tokens
+from dispatch.kernels.tiles import DECODE_MAX_TOKENS, DecodeConfig, GemmConfig
 from dispatch.reference import check_input, experts_reference, route_reference, router_logits, shared_reference
 
 PATHS = ("auto", "triton", "decode", "torch")
@@ -44,7 +44,7 @@ TILES = {"triton": GemmConfig, "decode": DecodeConfig}  # the tile config each k
 
 def pick_path(x_TH: torch.Tensor, path: str = "auto", crossover: int = DECODE_MAX_TOKENS) -> str:
     """Which path runs ``x_TH`` [T, H] (ValueError for a path that cannot run it here). ``crossover``:
-    "auto" takes "decode" for T ≤ it (:func:`dispatch.kernels.tiles.decode_max_tokens` per shape)."""
+    "auto" takes "decode" for T ≤ it (``tiles.resolve("crossover", ...)`` per shape)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "auto":
@@ -96,7 +96,7 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
                          f"on {w.router_EH.device}")
     crossover = DECODE_MAX_TOKENS
     if path == "auto" and x_TH.is_cuda:  # the shape's tuned crossover (a cached lookup)
-        crossover = decode_max_tokens(cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, x_TH.device)
+        crossover = tiles.resolve("crossover", (0, cfg.K, cfg.E, cfg.H, cfg.I), x_TH.dtype, x_TH.device).config
     chosen = pick_path(x_TH, path, crossover)
     _check_tiles(tiles, path, chosen)
     if x_TH.shape[0] == 0:

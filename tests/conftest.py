@@ -1,11 +1,16 @@
 """Shared test settings: deterministic hypothesis runs, and skipping GPU tests without CUDA."""
 import os
+import tempfile
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
 import dispatch  # noqa: F401  (turns on Triton's interpreter when there is no CUDA)
+
+# The launchers layer a user's own tile tables (~/.cache/dispatch/tables) over the shipped ones: the
+# tests read the shipped tables alone, whatever a tuning run left in this machine's cache.
+os.environ.setdefault("DISPATCH_TABLES", tempfile.mkdtemp(prefix="dispatch-tables-"))
 
 # Derandomised: CI and every developer see the same examples; the interpreter is slow, so no
 # per-example deadline. DISPATCH_HYPOTHESIS=thorough for a longer local search.

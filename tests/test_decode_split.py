@@ -17,9 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.kernels import decode_fused
+from dispatch.kernels import decode_fused, tiles
 from dispatch.kernels.gemv import DecodeConfig, moe_decode, moe_decode_torch
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
 from dispatch.quant import quantize_experts
 from dispatch.reference import experts_reference
 from tests.test_decode_fused import EDGES, edge_routing
@@ -91,7 +91,7 @@ def test_quantized_experts(scheme):
     """Weight-only codes: the down scales apply per I tile (block_i inside the scale block)."""
     x, w, ids, gu, dn = make(3, 2, 4, 256, 256, seed=5)
     qe = quantize_experts(gu, dn, scheme)
-    cfg = fit_scales(replace(SPLIT, block_i=32), qe)
+    cfg = tiles.fit_quant(replace(SPLIT, block_i=32), scheme, qe.H, qe.I)
     y = moe_decode_quant(x, w, ids, qe, config=cfg)
     torch.testing.assert_close(y, moe_decode_quant_torch(x, w, ids, qe), **FP32_TOL)
     torch.testing.assert_close(y, moe_decode_quant(x, w, ids, qe, config=replace(cfg, split=0)), **FP32_TOL)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dispatch.kernels import dense_gemv
+from dispatch.kernels import dense_gemv, tile_rules
 from dispatch.kernels.dense_gemv import (
     DENSE_CONFIGS,
     DenseGemvConfig,
@@ -108,13 +108,13 @@ def test_a_non_finite_row_leaves_the_others_alone():
 @pytest.mark.parametrize("name", list(OLMOE))
 def test_heuristic_keeps_every_sm_busy(name):
     N, K = OLMOE[name]
-    sms = dense_gemv.CPU_SMS  # sized as for an H100/H200
+    sms = tile_rules.DENSE_CPU_SMS  # sized as for an H100/H200
     one, eight = heuristic_dense(1, N, K, "cpu"), heuristic_dense(8, N, K, "cpu")
     assert -(-N // one.rows(1)) >= 2 * sms
     # tl.dot needs 16 rows a program: the O projection (N = 2048) then has 128 programs, one wave
     assert -(-N // eight.rows(8)) >= min(2 * sms, N // 16) and eight.rows(8) >= 16
     for M, cfg in ((1, one), (8, eight)):
-        assert cfg.shared_bytes(M, 2) <= 227 * 1024 - dense_gemv.HEADROOM  # an H200's per-program limit
+        assert cfg.shared_bytes(M, 2) <= 227 * 1024 - tile_rules.HEADROOM  # an H200's per-program limit
         assert cfg.block_k <= K
 
 

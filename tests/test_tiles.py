@@ -1,5 +1,6 @@
 """The one tile policy: shared-memory fit for both kernel families, heuristics that fit a T4, the
 tuned-table lookup and its fallbacks, and the grouped GEMM's launch swizzle (against its twin)."""
+import pathlib
 from dataclasses import replace
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 import dispatch  # noqa: F401
 from dispatch import runtime, tables
 from dispatch.kernels import grouped_gemm as gg
-from dispatch.kernels import tiles
+from dispatch.kernels import tile_rules, tiles
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig, fit_shared, shared_bytes
 
@@ -51,7 +52,9 @@ def fake_gpu(monkeypatch):
     """Pretend the tile policy runs on a CUDA device (name, SMs, shared memory) without one."""
     def set_gpu(name="NVIDIA H200", sms=132, shared=H200, cap=(9, 0)):
         monkeypatch.setattr(tiles, "interpreting", lambda dev: False)
-        monkeypatch.setattr(tiles, "_dev_props", lambda dev: (name, sms))
+        monkeypatch.setattr(tile_rules, "interpreting", lambda dev: False)
+        monkeypatch.setattr(runtime, "device_name", lambda dev=None: name)
+        monkeypatch.setattr(runtime, "num_sms", lambda dev=None: sms)
         monkeypatch.setattr(runtime, "max_shared_bytes", lambda dev=None: shared)
         monkeypatch.setattr(runtime, "capability", lambda dev=None: cap)
         tiles._lookup.cache_clear()  # the table answers are cached per (device, shape, T)
@@ -110,7 +113,8 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch, fake_gpu):
     assert tiles.decode_config(16, 8, 64, 2048, 1024, bf16, cuda) == tiles.MANY_EXPERTS  # nearest: 64
     assert tiles.decode_max_tokens(8, 64, 2048, 1024, bf16, cuda) == 32
     # the routes were sorted with another block_m: that kernel falls back to the heuristic for it
-    assert tiles.gemm_config("up", 64, 5000, 8, 64, 2048, 1024, bf16, cuda) == tiles.heuristic_gemm("up", 64, cuda)
+    got = tiles.resolve("up", (5000, 8, 64, 2048, 1024), bf16, cuda, block_m=64)
+    assert got == tiles.Tiles(tiles.heuristic_gemm("up", 64, cuda), "heuristic")
     # fallbacks: another shape, another dtype, another device, tables switched off
     for args, env in [((5000, 8, 64, 2048, 768, bf16), None), ((5000, 8, 64, 2048, 1024, torch.float16), None),
                       ((5000, 8, 64, 2048, 1024, bf16), "none"), ((5000, 8, 64, 2048, 1024, bf16), "a100")]:
@@ -216,3 +220,84 @@ def test_gpu_policy_tiles_run_correctly(name, monkeypatch):
                   moe_decode(x, wts, ids, w.gate_up_E2IH, w.down_EHI) if T <= 64 else None):
             if y is not None:
                 assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2, (name, T, env)
+
+
+# ---- the one resolver: what every launcher, the EP layer and the tuner ask ----
+
+def test_resolve_names_where_each_config_came_from(monkeypatch, fake_gpu):
+    fake_gpu()
+    doc = _table()
+    monkeypatch.setattr(tables, "load", lambda slug: doc if slug == "h200" else {})
+    cuda, bf16, olmoe = torch.device("cuda"), torch.bfloat16, (5000, 8, 64, 2048, 1024)
+    got = tiles.resolve("grouped", olmoe, bf16, cuda)
+    assert got.source == "table" and got.config == tiles.gemm_configs(*olmoe, bf16, cuda)
+    assert tiles.resolve("grouped", olmoe, bf16, cuda, table=False).source == "heuristic"
+    assert tiles.resolve("grouped", (5000, 8, 64, 2048, 768), bf16, cuda).source == "heuristic"  # no entry
+    assert tiles.resolve("crossover", olmoe, bf16, cuda) == tiles.Tiles(32, "table")
+    assert tiles.resolve("crossover", olmoe, torch.float16, cuda) == tiles.Tiles(tiles.DECODE_MAX_TOKENS, "heuristic")
+    assert tiles.resolve("decode", (1,) + olmoe[1:], bf16, cuda).source == "table"
+    mine = GemmConfig(32, 64, 64, 4, 2)
+    assert tiles.resolve("grouped", olmoe, bf16, cuda, config=mine) == tiles.Tiles((mine, mine), "pinned")
+    assert tiles.resolve("decode", None, None, cuda, pinned=True) == tiles.Tiles(tiles.FEW_EXPERTS, "pinned")
+    # a shared expert riding along: the decode lookup is keyed by K + n choices among E + n experts
+    doc["entries"][tables.shape_key(66, 2048, 1024, 10, bf16)] = {"buckets": {"1": {"decode": tiles.as_dict(
+        replace(tiles.FEW_EXPERTS, programs=132))}}}
+    assert tiles.resolve("decode", (1, 8, 64, 2048, 1024), bf16, cuda, routing=2).config.programs == 132
+    assert tiles.resolve("decode", (1, 8, 64, 2048, 1024), bf16, cuda, routing=2, table=False) == tiles.Tiles(
+        tiles.heuristic_decode(1, 10, 66, 2048, 1024, cuda), "heuristic")
+
+
+def test_resolve_fits_quantized_experts_to_their_scale_blocks(fake_gpu):
+    fake_gpu()
+    cuda, bf16, shape = torch.device("cuda"), torch.bfloat16, (1, 8, 64, 2048, 1024)
+    base = tiles.resolve("decode", shape, bf16, cuda, table=False).config
+    g128 = tiles.resolve("decode", shape, bf16, cuda, scheme="int8-group128", table=False).config
+    assert base.block_h == 256 and g128.block_h == 128 and 128 % g128.block_id == 0  # inside the 128-col blocks
+    w8a8 = tiles.resolve("decode", shape, bf16, cuda, scheme="fp8-channel+w8a8", table=False).config
+    assert w8a8 == tiles.fit_w8a8(w8a8) and w8a8.block_m >= 16 and w8a8.fused == w8a8.split == 0
+    big = (4096, 8, 64, 2048, 1024)
+    got = tiles.resolve("grouped", big, bf16, cuda, scheme="fp8-block128+w8a8", table=False)
+    assert got.source == "heuristic" and got.config[0] == got.config[1] and got.config[0].block_k == tiles.W8A8_GROUP
+    assert tiles.resolve("grouped", big, bf16, cuda, scheme="fp8-block128+w8a8").source == "table"  # the H200's
+
+
+def test_resolve_refuses_what_it_does_not_know():
+    cpu, shape = torch.device("cpu"), (4, 2, 8, 64, 32)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        tiles.resolve("sideways", shape, torch.float32, cpu)
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        tiles.resolve("decode", shape, torch.float32, cpu, scheme="int4-channel")
+    with pytest.raises(ValueError, match="must be a DecodeConfig"):
+        tiles.resolve("decode", shape, torch.float32, cpu, config=GemmConfig())
+    with pytest.raises(ValueError, match="needs a shape"):
+        tiles.resolve("decode", None, torch.float32, cpu)
+    assert tiles.resolve("dense", (1, 2048, 2048), torch.float32, cpu).source == "heuristic"
+    assert tiles.resolve("up", None, None, cpu, pinned=True) == tiles.Tiles(tiles.INTERPRET_CONFIG, "pinned")
+
+
+def test_the_users_table_layers_over_the_shipped_one(tmp_path, monkeypatch, fake_gpu):
+    """An entry of ~/.cache/dispatch/tables/<slug>.json ($DISPATCH_TABLES) replaces the shipped entry of
+    its key; every other shipped entry stays; the tuner writes there by default, never into the package."""
+    from dispatch import tune
+
+    shipped = tables.shipped("h200")
+    olmoe_key = tables.shape_key(64, 2048, 1024, 8, torch.bfloat16)
+    assert olmoe_key in shipped["entries"] and len(shipped["entries"]) > 1
+    monkeypatch.setenv("DISPATCH_TABLES", str(tmp_path / "empty"))
+    assert tables.load("h200") == shipped  # no user table there
+    tables.write(tmp_path / "h200.json", {"device": "NVIDIA H200", "entries": {olmoe_key: {"crossover": 7}}})
+    monkeypatch.setenv("DISPATCH_TABLES", str(tmp_path))  # (read once per process and folder)
+    merged = tables.load("h200")
+    assert merged["entries"][olmoe_key] == {"crossover": 7}
+    assert {k: v for k, v in merged["entries"].items() if k != olmoe_key} == \
+        {k: v for k, v in shipped["entries"].items() if k != olmoe_key}
+    fake_gpu()
+    cuda = torch.device("cuda")
+    assert tiles.resolve("crossover", (0, 8, 64, 2048, 1024), torch.bfloat16, cuda) == tiles.Tiles(7, "table")
+    out = tune.default_out("NVIDIA H200")
+    assert out == tmp_path / "h200.json"
+    package = pathlib.Path(tables.__file__).parent
+    assert package not in out.parents
+    monkeypatch.delenv("DISPATCH_TABLES")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert tune.default_out("NVIDIA H200") == tmp_path / "cache" / "dispatch" / "tables" / "h200.json"

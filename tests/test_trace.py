@@ -10,7 +10,7 @@ import torch
 
 from dispatch import runtime
 from dispatch.config import MoEConfig, random_weights
-from dispatch.kernels import gemv, tiles
+from dispatch.kernels import gemv
 from dispatch.kernels.tiles import DecodeConfig
 from dispatch.reference import route_reference
 from dispatch_book.bench.timeline import figure, summarize
@@ -106,7 +106,7 @@ def test_trace_rows_on_the_gpu(fused):
     used = int(torch.unique(ids).numel())
     want = {"up": used * 4, "down": used * 4} if not fused else {"one launch": used * 8}  # I/32 and H/64 tiles
     assert {k: int((b[:, 0] >= 0).sum()) for k, b in trace} == want
-    sms = tiles._dev_props(dev)[1]
+    sms = runtime.num_sms(dev)
     for _, b in trace:
         ran = b[b[:, 0] >= 0].cpu()
         assert ((ran[:, 0] < sms) & (ran[:, 1] < c.programs) & (ran[:, 3] <= ran[:, 4])).all()

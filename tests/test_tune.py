@@ -124,8 +124,6 @@ def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
     """--quant with an fp8 scheme: also its w8a8 entry: decode tiles on fp8 activations (16-row tiles,
     three launches) and the w8a8 grouped tiles from QUANT_GROUPED_MIN_T, up and down each the cheapest
     by the fake price, on the default's block_m; the launcher reads them near T only."""
-    from dispatch.kernels.quant_grouped import default_quant_config
-
     monkeypatch.setattr(quant_search, "QUANT_GEMM", {"up": ((32, 32, 4, 1, 1), (16, 32, 4, 2, 1)),
                                                      "down": ((32, 16, 4, 1, 1), (16, 32, 4, 1, 1))})
     cpu = torch.device("cpu")
@@ -138,12 +136,13 @@ def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
     assert set(e["buckets"]) == {"2", "128", "256"} and "crossover" not in e  # no grouped time at T=2
     d = DecodeConfig(**e["buckets"]["2"]["decode"])
     assert d.block_m == 16 and d.fused == 0 and min(d.block_h, d.block_id) >= 32  # fit_w8a8
-    bm = default_quant_config(128, 2, 8, cpu, True, True).block_m
+    tiny = (128, 2, 8, 64, 32)
+    bm = tiles.resolve("up", tiny, torch.float32, cpu, scheme="fp8-channel+w8a8", table=False).config.block_m
     for b in (e["buckets"][T] for T in ("128", "256")):
         up, down = GemmConfig(**b["up"]), GemmConfig(**b["down"])
         assert up.block_m == down.block_m == bm and b["grouped_us"] <= b["grouped_default_us"]
         assert (up.block_n, up.num_stages, down.block_n) == (32, 1, 32)  # the fake price's cheapest
-    def pair(T):  # what tiles.quant_gemm_configs reads from the device's table
+    def pair(T):  # what tiles.resolve("grouped", scheme=...) reads from the device's table
         up, down = tiles.tuned(e, T, "up", within=1), tiles.tuned(e, T, "down", within=1)
         return (up, down) if up is not None and down is not None else None
 
@@ -159,14 +158,15 @@ def test_w8a8_spaces_fit_and_hold_the_default(monkeypatch):
     """On an H200's shared memory: every w8a8 candidate fits (block scales: twice the accumulators,
     K steps of 128 only), and each space holds the launcher's default for 128-row blocks."""
     from dispatch import runtime
-    from dispatch.kernels.quant_grouped import default_quant_config
+    from dispatch.kernels import tile_rules
 
     monkeypatch.setattr(runtime, "max_shared_bytes", lambda dev=None: 227 * 1024)
-    monkeypatch.setattr(tiles, "interpreting", lambda dev: False)
-    monkeypatch.setattr(tiles, "pick_block_m", lambda rows, E, dev: 128)
+    monkeypatch.setattr(tile_rules, "interpreting", lambda dev: False)
+    monkeypatch.setattr(tile_rules, "pick_block_m", lambda rows, E, dev: 128)
     cpu = torch.device("cpu")
-    for late in (True, False):
-        base = default_quant_config(4096, 8, 64, cpu, True, late)
+    for late in (True, False):  # fp8-channel: one scale a row (late); fp8-block128: per 128 columns
+        scheme = "fp8-channel+w8a8" if late else "fp8-block128+w8a8"
+        base = tiles.resolve("up", (4096, 8, 64, 2048, 1024), torch.bfloat16, cpu, scheme=scheme, table=False).config
         for kind, n_b in (("up", 2), ("down", 1)):
             space = quant_search.quant_gemm_space(kind, base, cpu, late)
             assert len(space) >= 4 and base in space and all(c.block_m == 128 for c in space)

@@ -13,7 +13,7 @@ top_k_weights [T, K])`` looks up ``config._experts_implementation`` in the class
 The router, the shared experts and everything else stay transformers' own; only the routed
 experts change. Paths, picked per call by token count and device (:func:`experts_path`):
 
-    CUDA           T <= the shape's crossover (``dispatch.kernels.tiles.decode_max_tokens``: the tuned
+    CUDA           T <= the shape's crossover (``tiles.resolve("crossover", ...)``: the tuned
                    table's, else DECODE_MAX_TOKENS): ``moe_decode`` (grouped GEMV); above: ``moe_experts``
     CPU (default)  the plain-PyTorch reference (``experts_reference``)
     CPU, asked     the Triton kernels under the interpreter (``set_cpu_path("kernels")``, fp32/fp16)
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from dispatch.kernels.tiles import DECODE_MAX_TOKENS, decode_max_tokens
+from dispatch.kernels import tiles
+from dispatch.kernels.tiles import DECODE_MAX_TOKENS
 
 NAME = "dispatch"
 CPU_PATHS = ("reference", "kernels")
@@ -58,7 +59,8 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     crossover = DECODE_MAX_TOKENS
     if x_TH.is_cuda:  # the shape's tuned crossover (a cached lookup)
         E, I2, H = gate_up.shape
-        crossover = decode_max_tokens(top_k_index.shape[1], E, H, I2 // 2, x_TH.dtype, x_TH.device)
+        crossover = tiles.resolve("crossover", (0, top_k_index.shape[1], E, H, I2 // 2), x_TH.dtype,
+                                  x_TH.device).config
     path = experts_path(x_TH, crossover)
     if path == "reference":
         from dispatch.reference import experts_reference

@@ -25,7 +25,8 @@ quant_kernels.py    8-bit weight operands (QUANT), fp8 activation rows (w8a8)   
 quant_gemv.py       moe_decode_quant: the decode path on int8 / fp8 codes               (chapter 7)
 quant_grouped.py    moe_experts_quant: the grouped GEMM on int8 / fp8 codes, w8a16 or w8a8 (chapter 7)
 helpers.py          the jit pieces kernels share: SwiGLU, top-K, the k-order sum
-tiles.py            the one tile policy: every launch config, its source (table, heuristic, pinned)
+tiles.py            the one tile resolver: every launch config and its source (pinned, table, heuristic)
+tile_rules.py       the configs, what fits a device, and the heuristics the resolver falls back to
 
 Import the modules themselves (``from dispatch.kernels.routing import route``, or :mod:`dispatch.ops`):
 this package imports none of them, so the plain-PyTorch parts of ``dispatch`` load without kernels.

@@ -4,8 +4,8 @@ At decode sizes a projection (the fused QKV [6144, 2048], O [2048, 2048] and lm_
 of OLMoE) does ~1 FLOP per weight byte: its time is the time to read W once. So each program owns
 ``block_n`` rows of W (outputs) and streams them along K (contiguous: 16-byte vector loads), doing
 the whole K reduction itself — no split-K partial sums, no atomics, so results are deterministic.
-The grid is cdiv(N, block_n) programs; :func:`heuristic_dense` picks ``block_n`` so that there
-are >= 2 programs per SM (every SM keeps several row streams in flight).
+The grid is cdiv(N, block_n) programs; the tile policy (:func:`dispatch.kernels.tile_rules.heuristic_dense`)
+picks ``block_n`` so that there are >= 2 programs per SM (every SM keeps several row streams in flight).
 
 Two variants, one kernel (constexpr ``DOT``):
 
@@ -20,88 +20,17 @@ bias added in fp32, rounded once to x's dtype. Plain-PyTorch twin: :func:`linear
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from dispatch import runtime
 from dispatch.checks import check_launch
-from dispatch.kernels import pdl
+from dispatch.kernels import pdl, tiles
 from dispatch.kernels.pdl import pdl_release, pdl_wait
-from dispatch.kernels.tiles import HEADROOM
+from dispatch.kernels.tiles import DENSE_CONFIGS, DenseGemvConfig, heuristic_dense  # noqa: F401  (re-exported)
 
 MAX_ROWS = 16  # the tl.dot variant pads the rows to one 16-row tile
-CPU_SMS = 132  # the heuristic on CPU sizes grids as for an H100/H200 (132 SMs)
-PROGRAMS_PER_SM = 2
-
-
-@dataclass(frozen=True)
-class DenseGemvConfig:
-    """Launch config of :func:`linear_small`: ``block_n`` rows of W per program, K step ``block_k``
-    (powers of two; the tl.dot variant uses max(block_n, 16) rows), warps and pipeline stages."""
-
-    block_n: int = 16
-    block_k: int = 256
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self):
-        for name, low in (("block_n", 1), ("block_k", 16)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < low or v & (v - 1):
-                raise ValueError(f"DenseGemvConfig.{name} must be a power of two >= {low}, got {v!r}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"DenseGemvConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
-        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
-            raise ValueError(f"DenseGemvConfig.num_stages must be an int in [1, 8], got {self.num_stages!r}")
-
-    def rows(self, M: int) -> int:
-        """Rows of W one program owns at M input rows (tl.dot needs 16)."""
-        return self.block_n if M <= 1 else max(self.block_n, 16)
-
-    def shared_bytes(self, M: int, itemsize: int) -> int:
-        """Shared memory of the pipelined loop: stages × (x tile + W tile)."""
-        x_rows = 1 if M <= 1 else MAX_ROWS
-        return self.num_stages * (x_rows + self.rows(M)) * self.block_k * itemsize
-
-
-# Candidates for a GPU sweep (M = 1 and M = 8, OLMoE's K = 2048), the heuristic's picks among them:
-# whole rows in one step, thin and wide W tiles (4K-8K elements), shallow and deep pipelines.
-DENSE_CONFIGS = (
-    DenseGemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1),
-    DenseGemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=32, block_k=256, num_warps=8, num_stages=3),
-    DenseGemvConfig(block_n=64, block_k=64, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3),
-    DenseGemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=3),
-)
-
-
-def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseGemvConfig:
-    """At M = 1: 4 rows of W a program and the whole K (up to 2048) in one load — the fastest of
-    nine candidates at all three of OLMoE's projection shapes on an H200 (``python -m
-    dispatch_book.bench step_kernels``). At M = 2..16 (tl.dot): the widest row tile (16..128) that
-    still gives >= 2 programs per SM, W tiles of 8K elements. Up to 3 stages when K takes several
-    steps, as many as fit shared memory (``itemsize``: bytes of x's dtype). Depends on M only
-    through M == 1, so a row's result is the same at every M in 2..16."""
-    dev = torch.device(device)
-    sms = runtime.num_sms(dev) if dev.type == "cuda" else CPU_SMS
-    lo, n = (4, 4) if M <= 1 else (16, 128)
-    while n > lo and triton.cdiv(N, n) < PROGRAMS_PER_SM * sms:
-        n //= 2
-    k = max(16, min(8192 // n, triton.next_power_of_2(max(K, 1))))
-    stages = 1 if K <= k else 3
-    limit = runtime.max_shared_bytes(dev) - HEADROOM if dev.type == "cuda" else 1 << 30
-    cfg = DenseGemvConfig(block_n=n, block_k=k, num_warps=4, num_stages=stages)
-    while cfg.num_stages > 1 and cfg.shared_bytes(M, itemsize) > limit:
-        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
-    return cfg
 
 
 @triton.jit
@@ -189,14 +118,14 @@ def linear_small(x_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | 
     Args:
         x_MK: [M, K], 0 <= M <= 16, float32/float16/bfloat16 (bf16 on CUDA only), last dim contiguous.
         w_NK: [N, K], x's dtype and device, last dim contiguous. bias_N: [N] or None, x's dtype.
-        config: launch config (default :func:`heuristic_dense`).
+        config: launch config (default: ``tiles.resolve("dense", ...)``, :func:`heuristic_dense`).
     Returns: y_MN [M, N] in x's dtype (fp32 accumulation, bias added in fp32, one rounding).
     """
     M, N, K = _check(x_MK, w_NK, bias_N, config)
     y_MN = torch.empty(M, N, dtype=x_MK.dtype, device=x_MK.device)
     if M == 0 or N == 0:
         return y_MN
-    cfg = config or heuristic_dense(M, N, K, x_MK.device, x_MK.element_size())
+    cfg = tiles.resolve("dense", (M, N, K), x_MK.dtype, x_MK.device, config=config).config
     dot = M > 1
     block_n = cfg.rows(M)
     b = bias_N if bias_N is not None else y_MN  # never read without a bias

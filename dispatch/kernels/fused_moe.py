@@ -127,7 +127,7 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tens
             or not ids_1K.is_contiguous() or not weights_1K.is_contiguous():
         raise ValueError("moe_decode_1 takes one token (T = 1) with contiguous ids/weights and weights whose "
                          f"last dim is contiguous; got T={T}")
-    cfg = tiles.decode_config(1, K, E, H, I, x_1H.dtype, x_1H.device)
+    cfg = tiles.resolve("decode", (1, K, E, H, I), x_1H.dtype, x_1H.device).config
     slots = min(E, K)
     BLOCK_E = max(16, triton.next_power_of_2(E))
     CHUNK_N = max(16, triton.next_power_of_2(K))

@@ -27,7 +27,7 @@ shared weights instead of a second, torch-run MLP after the kernels (measured on
     items = used experts × tiles, slot-major; G = min(programs, min(E, T·K) × tiles);
     program p does items p, p + G, p + 2G, ...
 
-Deterministic (no atomics, fixed orders). Launch configs: :func:`dispatch.kernels.tiles.decode_config`.
+Deterministic (no atomics, fixed orders). Launch configs: :func:`dispatch.kernels.tiles.resolve`.
 Plain-PyTorch twin: :func:`moe_decode_torch`; naive per-token loop: :func:`decode_loop_torch`.
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None,
         x_TH: [T, H] activations (copied if its last dim is not contiguous).
         weights_TK: [T, K] float. ids_TK: [T, K] int32/int64, 1 <= K <= E.
         gate_up_E2IH: [E, 2I, H], down_EHI: [E, H, I] (copied if their last dim is not contiguous).
-        config: tile sizes (default: :func:`dispatch.kernels.tiles.decode_config`: tuned table or heuristic;
+        config: tile sizes (default: :func:`dispatch.kernels.tiles.resolve`: tuned table or heuristic;
             with ``shared``, for K + n choices among E + n experts).
         check_ids: refuse ids outside [0, E) (one host sync); by default such rows add nothing.
     Returns: y_TH [T, H] in x's dtype.
@@ -113,10 +113,10 @@ def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch
 
 
 def decode_tiles(x_TH, K: int, E: int, I: int, shared=None) -> DecodeConfig:  # noqa: E741
-    """The tiles :func:`moe_decode` takes without a config: the tile policy's for x's T, H, dtype and
-    device, with n shared experts riding along looked up as K + n choices among E + n experts."""
-    ns = n_shared(shared, I)
-    return tiles.decode_config(x_TH.shape[0], K + ns, E + ns, x_TH.shape[1], I, x_TH.dtype, x_TH.device)
+    """The tiles :func:`moe_decode` takes without a config: the resolver's for x's T, H, dtype and
+    device, with n shared experts riding along (``routing=n``: K + n choices among E + n experts)."""
+    return tiles.resolve("decode", (x_TH.shape[0], K, E, x_TH.shape[1], I), x_TH.dtype, x_TH.device,
+                         routing=n_shared(shared, I)).config
 
 
 def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,

@@ -38,12 +38,12 @@ _down_pinned = triton.heuristics(_even_k("I"))(_down_kernel)
 
 
 def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, shape, views, **const):
-    """Launch with ``config``, else the tile policy's choice for ``shape`` = (T, K, E, H, I, dtype, device).
+    """Launch with ``config``, else the tile resolver's for ``shape`` = (T, K, E, H, I, dtype, device).
 
     ``views``: the 2-D tensors the kernel may read by TMA, {argument name: (tensor, 'm' or 'n': box rows)};
     passed as descriptors (``TMA=True``) where :func:`dispatch.kernels.tma.descriptors` allows, else as
     plain tensors the kernel ignores."""
-    config = config or tiles.gemm_config(kind, block_m, *shape)
+    config = tiles.resolve(kind, shape[:5], shape[5], shape[6], block_m=block_m, config=config).config
     meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
     descs = tma.descriptors(views.values(), block_m, config.block_n, config.block_k, shape[6])
     use = descs is not None
@@ -159,7 +159,7 @@ def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Gem
     Same math as ``reference.experts_reference``; fp32 accumulation everywhere, a token's K
     contributions summed in k order. ``config`` pins all tile sizes (rows then do not depend on
     each other: bitwise the same whether computed alone or in a batch); ``configs`` = (up, down) pins
-    each kernel's own (same block_m). Default: :func:`dispatch.kernels.tiles.gemm_configs`. Ids outside
+    each kernel's own (same block_m). Default: :func:`dispatch.kernels.tiles.resolve`. Ids outside
     [0, E) add nothing (``check_ids=True``: raise instead, one host sync); see :mod:`dispatch.checks`.
     Registered as ``torch.ops.dispatch.moe_experts`` (``torch.compile`` keeps it whole; no backward).
     """
@@ -186,8 +186,8 @@ def _moe_experts_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torc
         return x_TH.new_zeros(0, H)
     n = len(dataclasses.fields(GemmConfig))
     configs = (GemmConfig(*tile_ints[:n]), GemmConfig(*tile_ints[n:])) if tile_ints is not None else None
-    up, down = configs if configs is not None else tiles.gemm_configs(
-        T, K, E, H, down_EHI.shape[2], x_TH.dtype, x_TH.device)
+    up, down = tiles.resolve("grouped", (T, K, E, H, down_EHI.shape[2]), x_TH.dtype, x_TH.device,
+                             config=configs).config
     routes = sort_by_expert(ids_TK, E, up.block_m)
     h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=up)
     out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=down)

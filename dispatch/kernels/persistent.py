@@ -56,12 +56,12 @@ def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, 
                            check_ids: bool = False):
     """Same contract as ``grouped_gemm.moe_experts`` (bad-id policy included), with persistent up and
     down kernels (a benchmark contestant: not registered as an op). Tiles: ``configs`` = (up, down),
-    default :func:`dispatch.kernels.tiles.gemm_configs` (its ``group_m`` is unused here)."""
+    default :func:`dispatch.kernels.tiles.resolve` (its ``group_m`` is unused here)."""
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
     check_launch("moe_experts_persistent", x_TH)
     if T == 0:
         return x_TH.new_zeros(0, H)
-    cu, cd = configs or tiles.gemm_configs(T, K, E, H, I, x_TH.dtype, x_TH.device)
+    cu, cd = tiles.resolve("grouped", (T, K, E, H, I), x_TH.dtype, x_TH.device, config=configs).config
     if cu.block_m != cd.block_m:
         raise ValueError(f"up and down configs must share block_m, got {cu.block_m} and {cd.block_m}")
     routes = sort_by_expert(ids_TK, E, cu.block_m)

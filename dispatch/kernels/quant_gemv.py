@@ -10,7 +10,7 @@ registers before its MMA. ``w8a8`` (fp8 codes): x, and h between the two kernels
 to fp8 too (``fp8_rows``: one scale per token and 128 columns, whatever the weights' scales: one
 scale per token would leave one program to walk a whole row of h, 14336 columns for Mixtral —
 measured on an H200, 3.5× slower than w8a16 at one token); each 128-column chunk's product is
-scaled by both scales; 16-row tiles only (``fit_w8a8``), three launches plus the two quantizing
+scaled by both scales; 16-row tiles only (``tiles.fit_w8a8``), three launches plus the two quantizing
 ones. On sm_89 (Ada) the codes go to fp8 MMAs as they are loaded (``QMMA``); sm_90 (Hopper) has
 fp8 MMAs only in its 64-row warpgroup form, so for these 16-row tiles Triton unpacks both operands
 to fp16, two codes an instruction, and runs fp16 MMAs (``python -m dispatch_book.kernel_ir --loop``
@@ -22,8 +22,6 @@ fp8 e4m3 codes need an sm_89+ GPU (Ada, Hopper) for Triton's conversions; int8 r
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from dispatch import runtime
@@ -31,7 +29,7 @@ from dispatch.checks import check_experts_inputs, check_launch
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import by_expert_torch, moe_decode_torch, run_decode
 from dispatch.kernels.quant_kernels import W8A8_GROUP, fp8_rows
-from dispatch.kernels.tiles import DecodeConfig
+from dispatch.kernels.tiles import DecodeConfig, chunk_fits, fit_w8a8
 from dispatch.quant.formats import FP8, QuantizedExperts, QuantizedTensor, fp8_activations
 
 
@@ -66,43 +64,20 @@ def fp8_act(a_MK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return fp8_rows(a_MK, W8A8_GROUP)
 
 
-def fit_w8a8(cfg: DecodeConfig) -> DecodeConfig:
-    """``cfg`` for w8a8 decode: 16-row tiles (MMAs; no one-row FMA path), reduction chunks of 32 (an
-    fp8 MMA's K) to 128 (one activation scale), three launches (h is quantized between them)."""
-    return replace(cfg, block_m=max(16, cfg.block_m), block_h=min(W8A8_GROUP, max(32, cfg.block_h)),
-                   block_id=min(W8A8_GROUP, max(32, cfg.block_id)), fused=0, split=0)
-
-
-def _fits(block: int, t: QuantizedTensor) -> bool:
-    """A reduction chunk of ``block`` columns lies inside one scale block of ``t``."""
-    return t.per_row or t.block_cols % block == 0
-
-
 def check_chunk(name: str, block: int, t: QuantizedTensor) -> None:
     """Raise unless a reduction chunk of ``block`` columns lies inside one scale block of ``t``."""
-    if not _fits(block, t):
+    if not chunk_fits(block, t.block_cols, t.shape[2]):
         raise ValueError(f"{name}={block} must divide the scale block of {t.block_cols} columns "
                          f"(or the block must cover all {t.shape[2]} columns)")
 
 
-def fit_scales(cfg: DecodeConfig, qe: QuantizedExperts, w8a8: bool = False) -> DecodeConfig:
-    """``cfg`` with its reduction chunks shrunk to fit inside the scale blocks (group-128, 128×128);
-    ``w8a8``: then through :func:`fit_w8a8`. What every quantized decode config goes through."""
-    def fit(block, t):
-        while not _fits(block, t) and block > 16:
-            block //= 2
-        return block
-    cfg = replace(cfg, block_h=fit(cfg.block_h, qe.gate_up), block_id=fit(cfg.block_id, qe.down),
-                  block_i=fit(cfg.block_i, qe.down) if cfg.split else cfg.block_i)  # split: down's chunk is an I tile
-    return fit_w8a8(cfg) if w8a8 else cfg
-
-
 def quant_tiles(x_TH, K: int, experts: QuantizedExperts, w8a8: bool = False) -> DecodeConfig:
-    """The tiles :func:`moe_decode_quant` takes without a config: the table's for this scheme (and
-    '+w8a8') at x's T, H, dtype and device, else the bf16 decode's, through :func:`fit_scales`."""
+    """The tiles :func:`moe_decode_quant` takes without a config: ``tiles.resolve("decode", ...,
+    scheme=...)`` — the table's for this scheme (and '+w8a8'), else the bf16 decode's, fitted to the
+    scale blocks (w8a8: :func:`dispatch.kernels.tiles.fit_w8a8`'s form)."""
     (T, H), (E, _, I) = x_TH.shape, experts.down.shape  # noqa: E741
     scheme = experts.scheme + ("+w8a8" if w8a8 else "")
-    return fit_scales(tiles.decode_config(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme), experts, w8a8)
+    return tiles.resolve("decode", (T, K, E, H, I), x_TH.dtype, x_TH.device, scheme=scheme).config
 
 
 def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
@@ -115,7 +90,7 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
     int8-channel, fp8-block128 and fp8-channel for the four benchmark shapes — else the bf16
     decode's, tuned or heuristic, shrunk to fit). Bad ids as everywhere (:mod:`dispatch.checks`).
     ``w8a8`` (fp8 schemes, sm_89+): fp8 activations, fp8 × fp8 products; the table's
-    '<scheme>+w8a8' decode tiles, else the weight-only ones, through :func:`fit_w8a8` (a given
+    '<scheme>+w8a8' decode tiles, else the weight-only ones, through ``tiles.fit_w8a8`` (a given
     ``config`` must already fit: 16-row tiles, chunks of ≥ 32, not fused).
     The kernels are the decode kernels of ``moe_decode`` with ``QUANT=True`` (and ``W8A8``).
     """
@@ -126,7 +101,8 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
     if w8a8:
         check_w8a8(x_TH, experts)
     check_launch("moe_decode_quant", x_TH)
-    cfg = config or quant_tiles(x_TH, K, experts, w8a8)
+    scheme = experts.scheme + ("+w8a8" if w8a8 else "")  # a given config is checked below, never altered
+    cfg = tiles.resolve("decode", (T, K, E, H, I), x_TH.dtype, x_TH.device, scheme=scheme, config=config).config
     if w8a8 and cfg != fit_w8a8(cfg):
         raise ValueError(f"w8a8 decode runs fp8 MMAs in three launches: block_m ≥ 16, block_h and block_id "
                          f"32 to {W8A8_GROUP}, fused=0; got {cfg}")

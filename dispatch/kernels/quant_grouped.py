@@ -16,47 +16,17 @@ Plain-PyTorch twin: :func:`moe_experts_quant_torch` (per expert, fp32, the same 
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from dispatch import runtime
 from dispatch.checks import check_experts_inputs, check_launch
 from dispatch.kernels import tiles
 from dispatch.kernels.combine import combine_impl
 from dispatch.kernels.gemv import by_expert_torch
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
 from dispatch.kernels.quant_gemv import check_chunk, check_w8a8, stand_ins
-from dispatch.kernels.quant_kernels import W8A8_GROUP
 from dispatch.kernels.sort import sort_by_expert
-from dispatch.kernels.tiles import GemmConfig
+from dispatch.kernels.tiles import W8A8_GROUP, GemmConfig
 from dispatch.quant.formats import QuantizedExperts, fp8_activations
-
-
-def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool, late: bool = False) -> GemmConfig:
-    """Pinned tiles (``late``: the weights have one scale per row). The interpreter's small config on
-    CPU. On a GPU, blocks of 64+ rows: w8a16 the best of a sweep on an H200 (OLMoE, T = 4096):
-    128 columns, 8 warps, 3 stages, K steps of 64 (per row) or 128 (block scales, weight-first);
-    w8a8 with block scales 64 columns (each chunk's scaled product needs a second accumulator's
-    registers; 128 columns measured 2× slower); w8a8 per row the best of 12 tiles on an H200
-    (OLMoE, Qwen3, DeepSeek-MoE, T = 4096): 128 columns, K steps of 128, 8 warps, 3 stages — 4 stages
-    were 1–6% slower, 4 warps 2× slower. Thinner blocks: 64 columns, 4 warps. Pipeline stages
-    shrunk to the device's shared memory."""
-    if tiles.interpreting(dev):
-        return replace(tiles.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else tiles.INTERPRET_CONFIG
-    bm = tiles.pick_block_m(T * K, E, dev)
-    bk = 64 if late and not w8a8 else W8A8_GROUP
-    if bm < 64:
-        cfg = GemmConfig(block_m=bm, block_n=64, block_k=W8A8_GROUP if w8a8 else 64, num_warps=4, num_stages=4)
-    elif w8a8 and not late:
-        cfg = GemmConfig(block_m=bm, block_n=64, block_k=bk, num_warps=8, num_stages=4)
-    else:
-        cfg = GemmConfig(block_m=bm, block_n=128, block_k=bk, num_warps=8, num_stages=3, group_m=8)
-    budget = runtime.max_shared_bytes(dev) - tiles.HEADROOM
-    act_bytes = 1 if w8a8 else 2
-    while cfg.num_stages > 1 and cfg.num_stages * (bm * act_bytes + 2 * cfg.block_n) * cfg.block_k > budget:
-        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
-    return cfg
 
 
 def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
@@ -86,18 +56,15 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
 
 def quant_configs(T, K, E, H, I, x_TH, experts: QuantizedExperts, w8a8: bool,  # noqa: E741
                   config=None) -> tuple[GemmConfig, GemmConfig]:
-    """(up, down) tiles, checked: ``config`` (one GemmConfig for both, or a pair), else the GPU's
-    table (w8a8 entries, ``tiles.quant_gemm_configs``), else :func:`default_quant_config`."""
+    """(up, down) tiles, checked: ``config`` (one GemmConfig for both, or a pair), else
+    ``tiles.resolve("grouped", ..., scheme=...)`` (the GPU's table's w8a8 entries, else the pinned
+    defaults of ``tile_rules.heuristic_quant_gemm``)."""
     late = experts.gate_up.per_row and experts.down.per_row
-    if config is None:
-        scheme = experts.scheme + ("+w8a8" if w8a8 else "")
-        config = (tiles.quant_gemm_configs(T, K, E, H, I, x_TH.dtype, x_TH.device, scheme)
-                  or default_quant_config(T, K, E, x_TH.device, w8a8, late))
-    if isinstance(config, GemmConfig):
-        config = (config, config)
-    if not (isinstance(config, tuple | list) and len(config) == 2 and all(isinstance(c, GemmConfig) for c in config)):
+    if config is not None and not (isinstance(config, GemmConfig) or (
+            isinstance(config, tuple | list) and len(config) == 2 and all(isinstance(c, GemmConfig) for c in config))):
         raise ValueError(f"config must be a GemmConfig or an (up, down) pair of them, got {config!r}")
-    up, down = config
+    scheme = experts.scheme + ("+w8a8" if w8a8 else "")
+    up, down = tiles.resolve("grouped", (T, K, E, H, I), x_TH.dtype, x_TH.device, scheme=scheme, config=config).config
     if up.block_m != down.block_m:
         raise ValueError(f"up and down tiles must share block_m (the sort's), got {up.block_m} and {down.block_m}")
     for name, cfg, t in (("up", up, experts.gate_up), ("down", down, experts.down)):

@@ -27,8 +27,8 @@ import triton.language as tl
 
 from dispatch import runtime
 from dispatch.kernels import tiles
+from dispatch.kernels.tile_rules import W8A8_GROUP  # noqa: F401  (activation columns per scale in w8a8)
 
-W8A8_GROUP = 128  # activation columns per scale in w8a8 (per token with per-channel weights)
 _FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value (dispatch.quant.formats.FP8_MAX)
 # fp8 e4m3 → bf16 by bit placement (_e4m3_bf16) where compiled (the interpreter runs no inline PTX);
 # DISPATCH_FP8_CVT=hw keeps the hardware's e4m3 → f16 → bf16 conversion (benchmarks compare the two)

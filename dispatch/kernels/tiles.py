@@ -1,205 +1,204 @@
-"""The one tile policy: every launch config of the grouped GEMM and the decode kernels comes from here.
+"""The one tile resolver: every launch config of the kernels comes from :func:`resolve`, with where it
+came from.
 
-Order of choice, for a layer shape (E, H, I, K), a dtype, a token count T and a device:
+    resolve(kind, shape, dtype, device, *, scheme=None, routing=0, config=None, pinned=False, ...)
+        → Tiles(config, source)      source: "pinned" | "table" | "heuristic"
 
-1. Triton's interpreter (CPU tests): small fixed tiles (``INTERPRET_CONFIG``, ``INTERPRET_DECODE``).
-2. The device's tuned table (``dispatch/tables/<device-slug>.json``, written by ``python -m
-   dispatch.tune``): up tiles, down tiles, decode tiles and the decode/grouped crossover, per
-   token-count bucket (the nearest tuned bucket in log2).
-3. Heuristics for unknown devices and shapes, shrunk to fit the device's shared memory (a T4's 64 KiB).
+    kind        config                           what launches it
+    "grouped"   (up, down) GemmConfig, one block_m   moe_experts, moe_experts_quant (scheme=)
+    "up"/"down" GemmConfig for rows sorted in ``block_m``   grouped_up_swiglu / grouped_down
+    "decode"    DecodeConfig                     moe_decode (routing=n: a shared expert riding along as
+                                                 n more experts), moe_decode_quant (scheme=), moe_decode_1
+    "crossover" int: decode for T ≤ it           moe(path="auto"), the experts backend, quantized experts
+    "dense"     DenseGemvConfig (shape: M, N, K)  linear_small
 
-A pinned :class:`GemmConfig` also makes results independent of batching: a row-blocked GEMM with a
-fixed K-loop order computes each sorted row the same way alone or among many (expert parallelism
-relies on it). Up and down share ``block_m``: it fixes how the sort pads each expert's rows.
+Order of choice, for a layer shape (T, K, E, H, I), a dtype and a device:
+
+1. ``config``: the caller's, as given ("pinned"); ``pinned=True``: the batch-independent default that
+   expert parallelism and its one-device twin share (a row's bits then depend on that row alone).
+2. The device's tuned table ("table"): the shipped ``dispatch/tables/<device-slug>.json`` with the
+   user's own table layered over it (:mod:`dispatch.tables`: ``$DISPATCH_TABLES`` or
+   ``~/.cache/dispatch/tables``, where ``python -m dispatch.tune`` writes), nearest token bucket.
+   Never on Triton's interpreter; ``DISPATCH_TILE_TABLE=none`` reads none, ``=<slug>`` another's.
+3. The heuristics of :mod:`dispatch.kernels.tile_rules` ("heuristic"), fitted to the device.
+
+Quantized experts (``scheme``, e.g. 'int8-channel' or 'fp8-channel+w8a8'): the decode lookup tries the
+scheme's entry, then the weight-only scheme's, then the unquantized one's, and the result is shrunk so
+that no reduction chunk straddles a scale block (w8a8: 16-row tiles, three launches).
+A pinned config also makes results independent of batching: a row-blocked GEMM with a fixed K-loop
+order computes each sorted row the same way alone or among many. Up and down share ``block_m``: it
+fixes how the sort pads each expert's rows.
 """
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 
 from dispatch import runtime, tables
+from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules, re-exported: one import for callers)
+    DENSE_CONFIGS,
+    FEW_EXPERTS,
+    HEADROOM,
+    INTERPRET_CONFIG,
+    INTERPRET_DECODE,
+    MANY_EXPERTS,
+    W8A8_GROUP,
+    DecodeConfig,
+    DenseGemvConfig,
+    GemmConfig,
+    chunk_fits,
+    fit_scheme,
+    fit_shared,
+    fit_w8a8,
+    fits_registers,
+    heuristic_decode,
+    heuristic_dense,
+    heuristic_gemm,
+    heuristic_quant_gemm,
+    interpreting,
+    next_pow2,
+    pick_block_m,
+    shared_bytes,
+)
+from dispatch.quant.formats import get_scheme
 
 DECODE_MAX_TOKENS = 64  # the crossover where no table says otherwise: decode for T ≤ 64
-HEADROOM = 8 * 1024  # shared memory left to Triton's own scratch (layout conversions, barriers)
+KINDS = ("grouped", "up", "down", "decode", "crossover", "dense")
+SOURCES = ("pinned", "table", "heuristic")
 
 
-def _pow2(cls, obj, names, one=()):
-    """Each of ``names`` a power of two >= 16 (those in ``one`` may also be 1); warps and stages in range."""
-    for name in names:
-        v = getattr(obj, name)
-        if not (name in one and v == 1) and (not isinstance(v, int) or v < 16 or v & (v - 1)):
-            raise ValueError(f"{cls}.{name} must be {'1 or ' if name in one else ''}a power of two >= 16, got {v!r}")
-    if obj.num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"{cls}.num_warps must be 1, 2, 4, 8 or 16, got {obj.num_warps!r}")
-    if not isinstance(obj.num_stages, int) or not 1 <= obj.num_stages <= 8:
-        raise ValueError(f"{cls}.num_stages must be an int in [1, 8], got {obj.num_stages!r}")
+class Shape(NamedTuple):
+    """The sizes a tile choice depends on: T tokens, K experts per token, E experts, H hidden, I expert
+    intermediate (kind "dense": T rows M, then N outputs as E and K inputs as H; K and I unused)."""
 
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """Tiles of one grouped-GEMM launch: BLOCK_M rows × BLOCK_N columns, K step BLOCK_K; ``group_m``
-    blocks share a column sweep (programs launched together reuse x rows and weight tiles in L2)."""
-
-    block_m: int = 64
-    block_n: int = 64
-    block_k: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
-    group_m: int = 1
-
-    def __post_init__(self):
-        _pow2("GemmConfig", self, ("block_m", "block_n", "block_k"))
-        if not isinstance(self.group_m, int) or self.group_m < 1:
-            raise ValueError(f"GemmConfig.group_m must be a positive int, got {self.group_m!r}")
+    T: int
+    K: int
+    E: int
+    H: int
+    I: int  # noqa: E741
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
-    """Tiles of the three decode kernels (powers of two >= 16: tl.dot needs 16; ``block_m`` = 1: one
-    row at a time by FMAs on the CUDA cores, no tensor-core padding, for one token)."""
+class Tiles:
+    """A resolved launch config and where it came from ("pinned", "table" or "heuristic")."""
 
-    block_m: int = 16  # routed rows of one expert per tl.dot (padded), or 1 (FMAs)
-    block_i: int = 32  # gate/up rows (of I) per up-kernel tile
-    block_h: int = 256  # H chunk of the up kernel's reduction loop
-    block_ho: int = 32  # down rows (of H) per down-kernel tile
-    block_id: int = 128  # I chunk of the down kernel's reduction loop
-    num_warps: int = 4
-    num_stages: int = 3
-    programs: int = 1024  # the grid of each kernel; a program loops over (expert, tile) items
-    fused: int = 0  # 0: three launches; n ≥ 1: one (dispatch.kernels.decode_fused), down items n slots behind
-    split: int = 0  # 1: one launch of split items (dispatch.kernels.decode_split: block_i, block_h, block_ho)
-
-    def __post_init__(self):
-        _pow2("DecodeConfig", self, ("block_m", "block_i", "block_h", "block_ho", "block_id"), one=("block_m",))
-        if not isinstance(self.fused, int) or self.fused < 0:
-            raise ValueError(f"DecodeConfig.fused must be 0 (three launches) or the lag n ≥ 1 of one launch, "
-                             f"got {self.fused!r}")
-        if self.split not in (0, 1) or isinstance(self.split, bool) or (self.split and self.fused):
-            raise ValueError(f"DecodeConfig.split must be 0 or 1 (split items), and 1 only with fused=0; "
-                             f"got split={self.split!r}, fused={self.fused!r}")
-        if not isinstance(self.programs, int) or self.programs < 1:
-            raise ValueError(f"DecodeConfig.programs must be a positive int, got {self.programs!r}")
-
-    def grid(self, slots: int, tiles: int) -> int:
-        """Programs of one decode kernel: ``programs``, or fewer when at most slots × tiles items exist."""
-        return max(1, min(self.programs, slots * tiles))
+    config: object
+    source: str
 
 
-# The interpreter runs numpy per program: small tiles keep CPU tests fast. One policy for both families.
-INTERPRET_CONFIG = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
-INTERPRET_DECODE = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
-# Decode heuristics (measured on an H200, 132 SMs): thin tiles and many programs while few experts are
-# used; wider tiles and 2 programs per SM once the used experts alone give several waves of tiles.
-# On another GPU the grid scales with its SMs (8 and 2 per SM): a grid of whole waves.
-FEW_EXPERTS = DecodeConfig(block_i=32, block_h=256, block_ho=32, block_id=128, num_stages=3, programs=1056)
-MANY_EXPERTS = DecodeConfig(block_i=64, block_h=128, block_ho=64, block_id=128, num_stages=3, programs=264)
+def resolve(kind: str, shape: Shape | tuple | None, dtype, device, *, scheme: str | None = None, routing: int = 0,
+            config=None, pinned: bool = False, block_m: int | None = None, table: bool = True) -> Tiles:
+    """The launch config of ``kind`` (see the module docstring) for ``shape`` = (T, K, E, H, I) in
+    ``dtype`` on ``device``. ``scheme``: experts quantized in it; ``routing``: n experts every token
+    also chooses (a shared expert riding along in the decode kernels, looked up as K + n among E + n);
+    ``config``: the caller's; ``pinned``: the batch-independent default; ``block_m``: kinds "up"/"down",
+    the rows' sort; ``table=False``: skip the tables (the tuner's starting points). Unknown kinds,
+    schemes or a config of the wrong type are a ValueError."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    base, w8a8 = _scheme(scheme)
+    if config is not None:
+        return Tiles(_checked(kind, config), "pinned")
+    dev = torch.device(device)
+    if pinned:
+        return Tiles(_pinned(kind, dev), "pinned")
+    if shape is None:
+        raise ValueError(f"resolve({kind!r}) needs a shape (T, K, E, H, I) unless config= or pinned=True")
+    if kind == "dense":  # shape (M, N, K): rows, outputs, inputs
+        M, N, Kd = shape
+        return Tiles(heuristic_dense(M, N, Kd, dev, dtype.itemsize), "heuristic")
+    T, K, E, H, I = shape  # noqa: E741
+    slug = _slug(dev) if table else None
+    user = tables.user_dir_key()
+    if kind == "crossover":
+        got = _lookup(slug, user, K, E, H, I, quant_key(dtype, scheme) if scheme else dtype, 0, "crossover")
+        return Tiles(DECODE_MAX_TOKENS, "heuristic") if got is None else Tiles(got, "table")
+    if kind == "decode":
+        n = int(routing)
+        for s in dict.fromkeys((scheme, base) if scheme else ()):
+            got = _lookup(slug, user, K + n, E + n, H, I, quant_key(dtype, s), T, "decode")
+            if got is not None:
+                return Tiles(_fit(got, base, w8a8, H, I), "table")
+        got = _lookup(slug, user, K + n, E + n, H, I, dtype, T, "decode")
+        src = "table" if got is not None else "heuristic"
+        got = got or heuristic_decode(T, K + n, E + n, H, I, dev)
+        return Tiles(_fit(got, base, w8a8, H, I) if scheme else got, src)
+    if scheme:  # grouped GEMM on codes: the table's (w8a8 entries, within 2× of a tuned bucket), else pinned defaults
+        key = quant_key(dtype, scheme)
+        up, down = (_lookup(slug, user, K, E, H, I, key, T, k, 1) for k in ("up", "down"))
+        if up is not None and down is not None:
+            return Tiles((up, down) if kind == "grouped" else up if kind == "up" else down, "table")
+        gu, dn = get_scheme(base).per_row(H), get_scheme(base).per_row(I)
+        cfg = heuristic_quant_gemm(T, K, E, dev, w8a8, late=gu and dn)
+        return Tiles((cfg, cfg) if kind == "grouped" else cfg, "heuristic")
+    up, down = _lookup(slug, user, K, E, H, I, dtype, T, "up"), _lookup(slug, user, K, E, H, I, dtype, T, "down")
+    tabled = up is not None and down is not None and up.block_m == down.block_m
+    if kind == "grouped":
+        if tabled:
+            return Tiles((up, down), "table")
+        bm = pick_block_m(T * K, E, dev)
+        return Tiles((heuristic_gemm("up", bm, dev), heuristic_gemm("down", bm, dev)), "heuristic")
+    got = (up if kind == "up" else down) if tabled else None
+    if got is not None and (block_m is None or got.block_m == block_m):
+        return Tiles(got, "table")
+    return Tiles(heuristic_gemm(kind, block_m or pick_block_m(T * K, E, dev), dev), "heuristic")
 
 
-def interpreting(dev: torch.device) -> bool:
-    """True where kernels run under Triton's interpreter (then the small fixed tiles above)."""
-    return runtime.INTERPRET or torch.device(dev).type != "cuda"
+def _scheme(scheme: str | None) -> tuple[str | None, bool]:
+    """(weight scheme, w8a8?) of 'int8-channel' / 'fp8-channel+w8a8'; a ValueError for an unknown one."""
+    if scheme is None:
+        return None, False
+    if not isinstance(scheme, str):
+        raise ValueError(f"scheme must be a scheme name (str) or None, got {scheme!r}")
+    base = scheme.removesuffix("+w8a8")
+    get_scheme(base)
+    return base, base != scheme
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+def _fit(cfg: DecodeConfig, base: str | None, w8a8: bool, H: int, I: int) -> DecodeConfig:  # noqa: E741
+    """A decode config shrunk to the scale blocks of experts quantized in ``base`` (none: as it is)."""
+    if base is None:
+        return cfg
+    s = get_scheme(base)
+    return fit_scheme(cfg, (s.block(H)[1], H), (s.block(I)[1], I), w8a8)
 
 
-# ---- what fits: shared memory (both families) and accumulator registers ----
-
-def shared_bytes(cfg, n_b_tiles: int = 1, elt: int = 2) -> int:
-    """Shared memory of the software pipeline: ``num_stages`` copies of the tiles one K step loads.
-    GEMM: the A tile and ``n_b_tiles`` weight tiles (up: gate and up, 2; down: 1). Decode: the larger
-    of the up kernel (x, gate, up chunks over H) and the down kernel (h, down chunks over I)."""
-    if isinstance(cfg, GemmConfig):
-        per_stage = cfg.block_m * cfg.block_k + n_b_tiles * cfg.block_n * cfg.block_k
-    else:
-        per_stage = max(cfg.block_m * cfg.block_h + 2 * cfg.block_i * cfg.block_h,
-                        cfg.block_m * cfg.block_id + cfg.block_ho * cfg.block_id)
-    return cfg.num_stages * per_stage * elt
+def fit_quant(cfg: DecodeConfig, scheme: str, H: int, I: int) -> DecodeConfig:  # noqa: E741
+    """``cfg`` as :func:`resolve` hands it to experts [E, 2I, H] / [E, H, I] quantized in ``scheme``
+    ('<scheme>+w8a8' too): reduction chunks inside the scale blocks (the tuner's candidates pass here)."""
+    base, w8a8 = _scheme(scheme)
+    return _fit(cfg, base, w8a8, H, I)
 
 
-def fits_registers(cfg: GemmConfig, n_b_tiles: int) -> bool:
-    """fp32 accumulators ≤ 128 registers a thread: beyond it they spill (on the H200 the up kernel with
-    128×128 tiles ran 5× slower on 4 warps than on 8: 256 accumulator registers a thread spilled)."""
-    return cfg.block_m * cfg.block_n * n_b_tiles <= 128 * 32 * cfg.num_warps
+def _checked(kind: str, config):
+    """A caller's config of the type ``kind`` takes (a GemmConfig for both grouped kernels, or a pair)."""
+    want = {"grouped": GemmConfig, "up": GemmConfig, "down": GemmConfig, "decode": DecodeConfig,
+            "dense": DenseGemvConfig, "crossover": int}[kind]
+    if kind == "grouped" and isinstance(config, GemmConfig):
+        return config, config
+    if kind == "grouped" and isinstance(config, (tuple, list)) and len(config) == 2 \
+            and all(isinstance(c, GemmConfig) for c in config):
+        return tuple(config)
+    if kind != "grouped" and isinstance(config, want) and not isinstance(config, bool):
+        return config
+    pair = " or an (up, down) pair of them" if kind == "grouped" else ""
+    raise ValueError(f"config for {kind!r} must be a {want.__name__}{pair}, got {config!r}")
 
 
-def fit_shared(cfg, limit: int, n_b_tiles: int = 1):
-    """``cfg`` shrunk until its pipeline fits ``limit`` bytes less ``HEADROOM``: first the stages (down
-    to 2 for a GEMM, 1 for decode), then the K/reduction chunks' partners (GEMM: BLOCK_N, then
-    BLOCK_K; decode: block_h and block_id). Never block_m: the sort's padding depends on it."""
-    budget = limit - HEADROOM
-    gemm = isinstance(cfg, GemmConfig)
-    while shared_bytes(cfg, n_b_tiles) > budget:
-        if cfg.num_stages > (2 if gemm else 1):
-            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
-        elif gemm and cfg.block_n > 32:
-            cfg = replace(cfg, block_n=cfg.block_n // 2)
-        elif gemm and cfg.block_k > 16:
-            cfg = replace(cfg, block_k=cfg.block_k // 2)
-        elif not gemm and (cfg.block_h > 32 or cfg.block_id > 32):
-            cfg = replace(cfg, block_h=max(32, cfg.block_h // 2), block_id=max(32, cfg.block_id // 2))
-        else:
-            break
-    return cfg
-
-
-def _dev_props(dev) -> tuple[str, int]:
-    """(name, SMs) of a CUDA device, read once per device by :mod:`dispatch.runtime`."""
-    return runtime.device_name(dev), runtime.num_sms(dev)
-
-
-# ---- heuristics (unknown devices and shapes) ----
-
-def pick_block_m(num_rows: int, num_experts: int, dev: torch.device) -> int:
-    """Rows per block: larger blocks when each expert gets many rows (fewer, fuller tiles)."""
-    if interpreting(dev):
-        return INTERPRET_CONFIG.block_m
-    rows_per_expert = num_rows / max(1, num_experts)
-    if rows_per_expert >= 256 and (runtime.capability(dev) or (0, 0)) >= (8, 0):
-        return 128
-    return 64 if rows_per_expert >= 32 else 16 if rows_per_expert < 8 else 32
-
-
-def heuristic_gemm(kind: str, block_m: int, dev: torch.device) -> GemmConfig:
-    """Tiles for block_m rows without a table: the H200 sweep's winners, shrunk to the device."""
-    if interpreting(dev):
-        return replace(INTERPRET_CONFIG, block_m=block_m)
-    return _heuristic_gemm(kind, block_m, runtime.max_shared_bytes(dev))
-
-
-@functools.lru_cache(maxsize=None)  # launchers ask on every call: a lookup, not a computation
-def _heuristic_gemm(kind: str, block_m: int, limit: int) -> GemmConfig:
-    n_b = 2 if kind == "up" else 1
-    if block_m <= 32:  # few rows per expert: weight-bandwidth bound, long K steps
-        cfg = GemmConfig(block_m, 64, 128, 4, 3)
-    elif kind == "up":
-        cfg = GemmConfig(block_m, 128, 64, 8, 4 if block_m >= 128 else 3, 8 if block_m >= 128 else 1)
-    else:
-        cfg = GemmConfig(block_m, 256 if block_m <= 128 else 128, 64, 8, 3, 8 if block_m >= 128 else 1)
-    while not fits_registers(cfg, n_b) and cfg.block_n > 32:
-        cfg = replace(cfg, block_n=cfg.block_n // 2)
-    return fit_shared(cfg, limit, n_b)
-
-
-def heuristic_decode(T: int, K: int, E: int, H: int, I: int, dev: torch.device) -> DecodeConfig:  # noqa: E741
-    """``MANY_EXPERTS`` (2 programs per SM) once min(E, T·K) used experts × I/64 tiles reach 4 waves
-    of the SMs, else ``FEW_EXPERTS`` (8 per SM); block_m covers about twice the mean rows per expert
-    (T·K/E), so one tl.dot pass usually takes all of an expert's rows and its weights are streamed once."""
-    if interpreting(dev):
-        return INTERPRET_DECODE
-    return _heuristic_decode(T, K, E, I, _dev_props(dev)[1], runtime.max_shared_bytes(dev))
-
-
-@functools.lru_cache(maxsize=4096)
-def _heuristic_decode(T: int, K: int, E: int, I: int, sms: int, limit: int) -> DecodeConfig:  # noqa: E741
-    many = min(E, T * K) * -(-I // 64) >= 4 * sms
-    base = MANY_EXPERTS if many else FEW_EXPERTS
-    block_m = min(64, max(16, next_pow2(-(-2 * T * K // E))))
-    return fit_shared(replace(base, block_m=block_m, programs=(2 if many else 8) * sms), limit)
+def _pinned(kind: str, dev: torch.device):
+    """The batch-independent defaults of expert parallelism and its one-device twin."""
+    gemm = INTERPRET_CONFIG if interpreting(dev) else GemmConfig()
+    if kind == "grouped":
+        return gemm, gemm
+    if kind in ("up", "down"):
+        return gemm
+    if kind == "decode":
+        return INTERPRET_DECODE if interpreting(dev) else FEW_EXPERTS
+    raise ValueError(f"no pinned default for {kind!r}")
 
 
 # ---- the tuned tables ----
@@ -208,17 +207,18 @@ def _slug(dev) -> str | None:
     """Whose table to read: this device's; env DISPATCH_TILE_TABLE=none reads none, =<slug> another's."""
     if interpreting(dev):
         return None
-    slug = os.environ.get("DISPATCH_TILE_TABLE") or tables.device_slug(_dev_props(dev)[0])
+    slug = os.environ.get("DISPATCH_TILE_TABLE") or tables.device_slug(runtime.device_name(dev))
     return None if slug == "none" else slug
 
 
 @functools.lru_cache(maxsize=4096)
-def _lookup(slug: str | None, K: int, E: int, H: int, I: int, dtype, T: int, kind: str,  # noqa: E741
+def _lookup(slug: str | None, user: str, K: int, E: int, H: int, I: int, dtype, T: int, kind: str,  # noqa: E741
             within: float | None = None):
-    """The table's answer, cached: ``kind`` "up"/"down"/"decode" → a config or None; "crossover" → int."""
+    """The table's answer, cached (``user``: the user's table folder, part of the key): ``kind``
+    "up"/"down"/"decode" → a config or None; "crossover" → int or None."""
     e = tables.entry(slug, E, H, I, K, dtype) if slug else None
     if kind == "crossover":
-        return int(e["crossover"]) if e and "crossover" in e else DECODE_MAX_TOKENS
+        return int(e["crossover"]) if e and "crossover" in e else None
     return tuned(e, T, kind, within)
 
 
@@ -233,58 +233,30 @@ def tuned(entry: dict | None, T: int, kind: str, within: float | None = None):
     return (DecodeConfig if kind == "decode" else GemmConfig)(**b[kind])
 
 
-def gemm_configs(T: int, K: int, E: int, H: int, I: int, dtype, dev) -> tuple[GemmConfig, GemmConfig]:  # noqa: E741
-    """(up, down) tiles for T tokens: the table's, else the heuristics' (they share block_m)."""
-    slug = _slug(dev)
-    up, down = _lookup(slug, K, E, H, I, dtype, T, "up"), _lookup(slug, K, E, H, I, dtype, T, "down")
-    if up is not None and down is not None and up.block_m == down.block_m:
-        return up, down
-    bm = pick_block_m(T * K, E, dev)
-    return heuristic_gemm("up", bm, dev), heuristic_gemm("down", bm, dev)
-
-
-def gemm_config(kind: str, block_m: int, T: int, K: int, E: int, H: int, I: int, dtype, dev) -> GemmConfig:  # noqa: E741
-    """Tiles of one kernel when the rows were already sorted with ``block_m``."""
-    cfg = gemm_configs(T, K, E, H, I, dtype, dev)[0 if kind == "up" else 1]
-    return cfg if cfg.block_m == block_m else heuristic_gemm(kind, block_m, dev)
-
-
-def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E741
-                  scheme: str | None = None) -> DecodeConfig:
-    """The decode kernels' tiles for T tokens: the table's, else :func:`heuristic_decode`. With
-    ``scheme`` (experts quantized in that scheme, chapter 7) the table's entry for those codes comes
-    first (``python -m dispatch.tune --quant SCHEME`` writes it; 'fp8-channel+w8a8': then the
-    weight-only scheme's), then the unquantized one's."""
-    slug = _slug(dev)
-    for s in dict.fromkeys((scheme, scheme.removesuffix("+w8a8")) if scheme else ()):
-        cfg = _lookup(slug, K, E, H, I, quant_key(dtype, s), T, "decode")
-        if cfg is not None:
-            return cfg
-    return _lookup(slug, K, E, H, I, dtype, T, "decode") or heuristic_decode(T, K, E, H, I, dev)
-
-
-def quant_gemm_configs(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E741
-                       scheme: str) -> tuple[GemmConfig, GemmConfig] | None:
-    """(up, down) tiles of the grouped GEMM on experts quantized in ``scheme`` ('fp8-channel+w8a8'):
-    the table's bucket nearest T if within 2× of it (tuned sizes only stand for their neighbours;
-    ``python -m dispatch.tune --quant`` tunes w8a8), else None (the launcher's default)."""
-    slug, key = _slug(dev), quant_key(dtype, scheme)
-    up, down = (_lookup(slug, K, E, H, I, key, T, kind, 1) for kind in ("up", "down"))
-    return (up, down) if up is not None and down is not None else None
-
-
 def quant_key(dtype, scheme: str) -> str:
     """The dtype part of a table key for experts quantized in ``scheme``: 'bfloat16+int8-channel'."""
     return f"{str(dtype).removeprefix('torch.')}+{scheme}"
 
 
-def decode_max_tokens(K: int, E: int, H: int, I: int, dtype, dev, scheme: str | None = None) -> int:  # noqa: E741
-    """The decode/grouped crossover: the decode path for T ≤ this (tuned per shape, else 64). With
-    ``scheme``: the crossover of experts quantized in it (weight-only; '<scheme>+w8a8': both paths on
-    fp8 activations), where ``python -m dispatch.tune --quant`` measured it, else 64."""
-    return _lookup(_slug(dev), K, E, H, I, quant_key(dtype, scheme) if scheme else dtype, 0, "crossover")
-
-
 def as_dict(cfg) -> dict:
     """A config as the table stores it."""
     return asdict(cfg)
+
+
+# ---- shortcuts: resolve(...).config under the names the chapters and benchmarks call ----
+
+def gemm_configs(T: int, K: int, E: int, H: int, I: int, dtype, dev) -> tuple[GemmConfig, GemmConfig]:  # noqa: E741
+    """(up, down) tiles for T tokens: ``resolve("grouped", ...)``."""
+    return resolve("grouped", Shape(T, K, E, H, I), dtype, dev).config
+
+
+def decode_config(T: int, K: int, E: int, H: int, I: int, dtype, dev,  # noqa: E741
+                  scheme: str | None = None) -> DecodeConfig:
+    """The decode kernels' tiles for T tokens: ``resolve("decode", ..., scheme=scheme)``."""
+    return resolve("decode", Shape(T, K, E, H, I), dtype, dev, scheme=scheme).config
+
+
+def decode_max_tokens(K: int, E: int, H: int, I: int, dtype, dev, scheme: str | None = None) -> int:  # noqa: E741
+    """The decode/grouped crossover: the decode path for T ≤ this (tuned per shape and scheme, else 64):
+    ``resolve("crossover", ...)``."""
+    return resolve("crossover", Shape(0, K, E, H, I), dtype, dev, scheme=scheme).config

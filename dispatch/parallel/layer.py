@@ -36,13 +36,14 @@ from dispatch.reference import check_input, router_logits, shared_reference
 
 
 def pinned_config(device) -> tiles.GemmConfig:
-    """The tile config both the expert-parallel layer and its one-device twin use by default."""
-    return tiles.INTERPRET_CONFIG if tiles.interpreting(device) else tiles.GemmConfig()
+    """The tile config both the expert-parallel layer and its one-device twin use by default: the tile
+    resolver's batch-independent default (``tiles.resolve(..., pinned=True)``)."""
+    return tiles.resolve("up", None, None, device, pinned=True).config
 
 
 def pinned_decode_config(device) -> tiles.DecodeConfig:
     """The decode path's tiles for both the expert-parallel layer and ``moe_decode(..., config=)``."""
-    return tiles.INTERPRET_DECODE if tiles.interpreting(device) else tiles.FEW_EXPERTS
+    return tiles.resolve("decode", None, None, device, pinned=True).config
 
 
 def local_decode(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg: tiles.DecodeConfig) -> torch.Tensor:

@@ -17,17 +17,18 @@ from dispatch.quant.formats import QuantizedExperts
 def quantized_forward(experts: QuantizedExperts, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                       top_k_weights: torch.Tensor, *, w8a8: bool = False) -> torch.Tensor:
     """y_TH of a transformers experts call, on the quantized kernels: the decode kernels up to the
-    crossover of this shape and scheme (``tiles.decode_max_tokens``: the device's table for the codes,
+    crossover of this shape and scheme (``tiles.resolve("crossover", ...)``: the device's table for the codes,
     '<scheme>+w8a8' with fp8 activations; else ``DECODE_MAX_TOKENS``), else the grouped GEMM; both
     weight-only (w8a16), or both on fp8 activations (``w8a8``)."""
+    from dispatch.kernels import tiles
     from dispatch.kernels.quant_gemv import moe_decode_quant
     from dispatch.kernels.quant_grouped import moe_experts_quant
-    from dispatch.kernels.tiles import decode_max_tokens
 
     w_TK = top_k_weights.float()
-    if hidden_states.shape[0] <= decode_max_tokens(
-            top_k_index.shape[-1], experts.E, experts.H, experts.I, hidden_states.dtype, hidden_states.device,
-            experts.scheme + ("+w8a8" if w8a8 else "")):
+    shape = (0, top_k_index.shape[-1], experts.E, experts.H, experts.I)
+    scheme = experts.scheme + ("+w8a8" if w8a8 else "")
+    if hidden_states.shape[0] <= tiles.resolve("crossover", shape, hidden_states.dtype, hidden_states.device,
+                                               scheme=scheme).config:
         return moe_decode_quant(hidden_states, w_TK, top_k_index, experts, w8a8=w8a8)
     return moe_experts_quant(hidden_states, w_TK, top_k_index, experts, w8a8=w8a8)
 

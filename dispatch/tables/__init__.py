@@ -1,7 +1,10 @@
-"""Per-device tuned tile tables: package data ``dispatch/tables/<device-slug>.json``, read once.
+"""Per-device tuned tile tables: the shipped ``dispatch/tables/<device-slug>.json`` (package data) with
+the user's own table layered over it, read once.
 
-Written by ``python -m dispatch.tune`` on the device it names (a run merges into the file bucket by
-bucket); read by :mod:`dispatch.kernels.tiles`.
+The user's table lives in ``$DISPATCH_TABLES/<slug>.json``, else ``$XDG_CACHE_HOME/dispatch/tables``
+(``~/.cache/dispatch/tables``): ``python -m dispatch.tune`` writes there by default (a run merges into
+the file bucket by bucket), never into the installed package; an entry of the user's table replaces
+the shipped entry of the same key. Read by :func:`dispatch.kernels.tiles.resolve`.
 One file per device; inside, one entry per layer shape and dtype::
 
     {"device": "NVIDIA H200", "date": ..., "versions": {...},
@@ -22,6 +25,7 @@ import functools
 import importlib.resources
 import json
 import math
+import os
 import pathlib
 import re
 
@@ -39,14 +43,48 @@ def shape_key(E: int, H: int, I: int, K: int, dtype) -> str:  # noqa: E741
     return f"E={E},H={H},I={I},K={K},{str(dtype).removeprefix('torch.')}"
 
 
+def user_dir() -> pathlib.Path:
+    """Where the user's tables live: ``$DISPATCH_TABLES``, else ``$XDG_CACHE_HOME/dispatch/tables``
+    (default ``~/.cache/dispatch/tables``)."""
+    if os.environ.get("DISPATCH_TABLES"):
+        return pathlib.Path(os.environ["DISPATCH_TABLES"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(cache) / "dispatch" / "tables"
+
+
+def user_dir_key() -> str:
+    """What :func:`user_dir` depends on, as a string (a cache key: no path is built)."""
+    return "|".join(os.environ.get(v, "") for v in ("DISPATCH_TABLES", "XDG_CACHE_HOME", "HOME"))
+
+
+def user_path(slug: str) -> pathlib.Path:
+    """The user's table of device ``slug`` (the tuner's default output)."""
+    return user_dir() / f"{slug}.json"
+
+
 @functools.lru_cache(maxsize=None)
-def load(slug: str) -> dict:
-    """The shipped table of device ``slug`` ({} if none ships): read once per process."""
+def shipped(slug: str) -> dict:
+    """The table of device ``slug`` that ships with the package ({} if none ships): read once."""
     try:
         text = importlib.resources.files(__name__).joinpath(f"{slug}.json").read_text()
     except (FileNotFoundError, OSError):
         return {}
     return json.loads(text)
+
+
+def load(slug: str) -> dict:
+    """The table of device ``slug``: the shipped one with the user's entries layered over it ({} if
+    neither exists). Read once per process (and per user folder)."""
+    return _load(slug, user_dir_key())
+
+
+@functools.lru_cache(maxsize=None)
+def _load(slug: str, user: str) -> dict:
+    base, mine = shipped(slug), load_file(user_path(slug))
+    if not mine:
+        return base
+    return {**base, **{k: v for k, v in mine.items() if k != "entries"},
+            "entries": {**base.get("entries", {}), **mine.get("entries", {})}}
 
 
 def entry(slug: str, E: int, H: int, I: int, K: int, dtype) -> dict | None:  # noqa: E741

@@ -1,4 +1,7 @@
-"""Tune the kernels' tiles for this GPU and write the table the launchers read.
+"""Tune the kernels' tiles for this GPU and write the table the launchers read: the user's own table
+(``dispatch.tables.user_path``: ``$DISPATCH_TABLES`` or ``~/.cache/dispatch/tables``), layered over the
+shipped one; ``--out`` names another file (the book's GPU runs write a copy of the shipped table there
+and commit it). The installed package is never written.
 
     python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
     python -m dispatch.tune --preset all --quant int8-channel,fp8-channel   (quantized experts only)
@@ -68,12 +71,19 @@ from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
 from dispatch.tune.search import BENCH_PRESETS, merge_entry, tune_preset
 
 
+def default_out(device_name: str):
+    """Where a run writes without ``--out``: the user's table of this device (``tables.user_path``),
+    which the launchers layer over the shipped one — never a file inside the installed package."""
+    return tables.user_path(tables.device_slug(device_name))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch.tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", required=True, help=f"a PRESETS name, or 'all' = {','.join(BENCH_PRESETS)}")
     p.add_argument("--tokens", default=",".join(map(str, tables.BUCKETS)), help="comma-separated buckets")
-    p.add_argument("--out", default=None, help="table file (default dispatch/tables/<device>.json); merged into, "
-                   "bucket by bucket")
+    p.add_argument("--out", default=None, help="table file (default: the user's table, $DISPATCH_TABLES or "
+                   "~/.cache/dispatch/tables/<device>.json, which the launchers layer over the shipped one; never "
+                   "the installed package); merged into, bucket by bucket")
     p.add_argument("--quant", default="", help="instead: experts quantized in these schemes (comma-separated, "
                    "e.g. int8-channel,fp8-channel): decode tiles for T ≤ 64; fp8's w8a8 entry too (decode "
                    "tiles, grouped tiles for T ≥ 128), alone as fp8-channel+w8a8")
@@ -98,9 +108,11 @@ def main(argv=None) -> None:
     refine_tokens = set(tokens) if a.tokens != p.get_default("tokens") else None  # --refine: every bucket
     dev, dtype = torch.device("cuda"), runtime.compute_dtype()
     name = runtime.device_name(dev)
-    out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
+    out = a.out or str(default_out(name))
     t0 = dt.datetime.now()
     doc = tables.load_file(out) or {"entries": {}}
+    if a.refine:  # refine what the launchers read: the file's entries, else the shipped (and user) table's
+        doc["entries"] = {**tables.load(tables.device_slug(name)).get("entries", {}), **doc["entries"]}
     jobs = refine.compile_jobs(presets, doc, dtype, schemes, refine_tokens) if a.refine else \
         compile_jobs(presets, tokens, dev, schemes)
     workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])

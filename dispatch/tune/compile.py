@@ -18,8 +18,7 @@ from dispatch.config import PRESETS
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
-from dispatch.kernels.quant_grouped import default_quant_config
+from dispatch.kernels.quant_gemv import moe_decode_quant
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.moe import shared_rides_along
 from dispatch.tune import quant_search as qs
@@ -46,12 +45,13 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
     for name in presets:
         cfg = PRESETS[name]
         for scheme, T in ((s, T) for s in decodes for T in tokens if T <= qs.QUANT_MAX_T):
-            base = tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, runtime.compute_dtype(dev), dev)
+            base = tiles.resolve("decode", (T, cfg.K, cfg.E, cfg.H, cfg.I), runtime.compute_dtype(dev), dev).config
             jobs.append((name, T, f"decode:{scheme}", [c for b in search.decode_starts(base, T)
                                                        for step in qs.quant_steps(b, 1, T) for c in step(b)]))
         for scheme, T in ((s, T) for s in fp8 for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
             late = quant.SCHEMES[scheme].per_row(cfg.H) and quant.SCHEMES[scheme].per_row(cfg.I)
-            base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
+            base = tiles.resolve("up", (T, cfg.K, cfg.E, cfg.H, cfg.I), runtime.compute_dtype(dev), dev,
+                                 scheme=scheme + "+w8a8", table=False).config
             for kind in ("up", "down"):
                 key = (scheme, kind, base.block_m, cfg.K if kind == "up" else 0)
                 if key not in seen:
@@ -61,7 +61,8 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
             n = shared_rides_along(cfg)  # NS = S / I more experts: kernel variants of their own
             variants = [("decode", 0)] + ([("decode_shared", n)] if n else [])
             for kind, ns in variants if T <= search.DECODE_MAX_T else ():
-                base = tiles.heuristic_decode(T, cfg.K + ns, cfg.E + ns, cfg.H, cfg.I, dev)
+                base = tiles.resolve("decode", (T, cfg.K, cfg.E, cfg.H, cfg.I), runtime.compute_dtype(dev), dev,
+                                     routing=ns, table=False).config
                 for b in search.decode_starts(base, T):
                     up, down = search.decode_steps(b, 1)[:2]  # then grid sizes, one launch (no new tiles), split
                     jobs.append((name, T, kind, up(b) + down(b) + split_kernels(b, T)))
@@ -97,7 +98,8 @@ def _compile_job(job) -> list[str]:
     for c in cands:
         try:
             if qe is not None and kind == "decode":
-                moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=fit_scales(c, qe, w8a8))
+                fitted = tiles.fit_quant(c, scheme, cfg.H, cfg.I)
+                moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=fitted)
             elif qe is not None:  # w8a8 grouped: one kernel with c (the down kernel reads any h)
                 routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
                 if kind == "up":
@@ -110,7 +112,8 @@ def _compile_job(job) -> list[str]:
                 moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, shared=shared, config=c)
             else:
                 routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
-                up = c if kind == "up" else tiles.heuristic_gemm("up", c.block_m, dev)
+                up = c if kind == "up" else tiles.resolve("up", (T, cfg.K, cfg.E, cfg.H, cfg.I), dtype, dev,
+                                                          block_m=c.block_m, table=False).config
                 h_PI = gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=up)
                 if kind == "down":
                     gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c)

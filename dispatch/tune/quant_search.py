@@ -13,7 +13,7 @@
   the weight-only entry's tiles, every candidate through ``fit_w8a8`` (16-row tiles, three launches);
   from ``GROUPED_MIN_T`` the w8a8 grouped GEMM timed beside it, for the entry's crossover. Grouped
   (T ≥ ``QUANT_GROUPED_MIN_T``): up and down tiles separately around the launcher's default
-  (``default_quant_config``; its block_m, so the sort is the default's), each candidate checked
+  (``tile_rules.heuristic_quant_gemm``; its block_m, so the sort is the default's), each candidate checked
   against the default's output; then the whole path with the chosen pair against the default,
   the faster kept.
 """
@@ -26,8 +26,8 @@ from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant, moe_decode_quant_torch
-from dispatch.kernels.quant_grouped import default_quant_config, moe_experts_quant, moe_experts_quant_torch
+from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
+from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.quant.formats import FP8
@@ -108,10 +108,13 @@ def tune_decode_quant(name, T, case, scheme, dev, timer, log, w8a8: bool = False
         return moe_decode_quant(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8, config=c)
 
     def fit(c):
-        return fit_scales(c, qe, w8a8)
+        return tiles.fit_quant(c, label, cfg.H, cfg.I)
 
     label = scheme + ("+w8a8" if w8a8 else "")
-    base = fit(tiles.decode_config(T, cfg.K, cfg.E, cfg.H, cfg.I, x_TH.dtype, dev, label if w8a8 else None))
+    # the tuner starts where a launcher without an entry for these codes starts: the unquantized decode's tiles
+    # (w8a8: the weight-only entry's), fitted to the scale blocks
+    base = fit(tiles.resolve("decode", (T, cfg.K, cfg.E, cfg.H, cfg.I), x_TH.dtype, dev,
+                             scheme=label if w8a8 else None).config)
     best, best_us, start_us = descend_from(decode_starts(base, T), functools.partial(quant_steps, T=T), run,
                                            moe_decode_quant_torch(x_TH, weights_TK, ids_TK, qe, w8a8=w8a8),
                                            f"{name} T={T} {label}", dev, timer, log, fit=fit)
@@ -142,7 +145,8 @@ def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
     cfg, w, x_TH, weights_TK, ids_TK = case
     qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme)
     late = qe.gate_up.per_row and qe.down.per_row
-    base = default_quant_config(T, cfg.K, cfg.E, dev, True, late)
+    base = tiles.resolve("up", (T, cfg.K, cfg.E, cfg.H, cfg.I), x_TH.dtype, dev, scheme=scheme + "+w8a8",
+                         table=False).config  # the launcher's default without a table entry
     routes = sort_by_expert(ids_TK, cfg.E, base.block_m)
     slots = routes.slot_of_N.long()
     h_PI = grouped_up_swiglu(x_TH, routes, qe.gate_up, config=base, w8a8=True)

@@ -26,11 +26,11 @@ from dataclasses import replace
 
 import torch
 
-from dispatch import quant, tables
+from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import moe_decode
-from dispatch.kernels.quant_gemv import fit_scales, moe_decode_quant
+from dispatch.kernels.quant_gemv import moe_decode_quant
 from dispatch.moe import shared_rides_along
 from dispatch.tune.compile import split_kernels
 from dispatch.tune.quant_search import grouped_us, whole_tiles
@@ -134,7 +134,7 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
     """{key: refined entry} for a preset's decode entries in ``doc`` (a table); buckets without a decode
     config (or not in ``tokens``), and entries the table lacks, are left as they are."""
     c, n = PRESETS[name], shared_rides_along(PRESETS[name])
-    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
+    sms = runtime.num_sms(dev) if dev.type == "cuda" else 4
     out, w = {}, make_case(name, 1, dev, dtype)[1]  # the preset's weights, the same for every T
     for key, kind, scheme in variants(name, dtype, schemes):
         old = doc["entries"].get(key)
@@ -142,7 +142,7 @@ def refine_preset(name: str, doc: dict, dev, dtype, schemes=(), timer=graph_us, 
             continue
         w8a8 = scheme.endswith("+w8a8")
         qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, scheme.removesuffix("+w8a8")) if scheme else None
-        fit = functools.partial(fit_scales, qe=qe, w8a8=w8a8) if qe else (lambda c: c)
+        fit = functools.partial(tiles.fit_quant, scheme=scheme, H=c.H, I=c.I) if qe else (lambda c: c)
         entry = {**old, "buckets": {T: dict(b) for T, b in old["buckets"].items()}}
         for T, b in entry["buckets"].items():
             if "decode" not in b or (tokens is not None and int(T) not in tokens):

@@ -115,7 +115,8 @@ def _tune_block_m(bm, case, dev, timer, log) -> tuple:
     """(best up, best down, their µs, heuristic up, heuristic down) for rows sorted in blocks of bm."""
     cfg, w, x_TH, weights_TK, ids_TK = case
     routes = sort_by_expert(ids_TK, cfg.E, bm)
-    base_u, base_d = tiles.heuristic_gemm("up", bm, dev), tiles.heuristic_gemm("down", bm, dev)
+    shape = (x_TH.shape[0], ids_TK.shape[1], cfg.E, cfg.H, cfg.I)  # the heuristic's tiles for this block_m
+    base_u, base_d = (tiles.resolve(k, shape, x_TH.dtype, dev, block_m=bm, table=False).config for k in ("up", "down"))
     slots = routes.slot_of_N.long()
     h_PI = gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=base_u)
     up, up_us, _ = _best(gemm_space("up", bm, dev) or [base_u],
@@ -167,7 +168,7 @@ def _descend(base, steps, run, ref, what, dev, timer, log, fit=lambda c: c):
         raise AssertionError(f"{what}: the decode kernels are wrong (rel err {err:.3g})")
     best, base_us = base, timer(lambda: run(base), base)
     best_us = base_us
-    sms = tiles._dev_props(dev)[1] if dev.type == "cuda" else 4
+    sms = runtime.num_sms(dev) if dev.type == "cuda" else 4
     for step in steps(base, sms):
         cands = list(dict.fromkeys(fit(c) for c in step(best)))
         try:
@@ -197,7 +198,7 @@ def tune_decode(name, T, case, dev, timer, log, *, shared: bool = False) -> dict
     if shared:
         n, kw = shared_rides_along(cfg), {"shared": (w.shared_gate_up_2SH, w.shared_down_HS)}
         ref = ref + shared_reference(x_TH, cfg, w)
-    base = tiles.heuristic_decode(T, cfg.K + n, cfg.E + n, cfg.H, cfg.I, dev)
+    base = tiles.resolve("decode", (T, cfg.K, cfg.E, cfg.H, cfg.I), x_TH.dtype, dev, routing=n, table=False).config
     best, best_us, heuristic_us = descend_from(decode_starts(base, T), functools.partial(decode_steps, T=T),
                                                lambda c: moe_decode(*args, config=c, **kw), ref,
                                                f"{name} T={T}{' +shared' if shared else ''}", dev, timer, log)
