@@ -3,23 +3,24 @@
 Shape legend (used everywhere): T tokens · H hidden · I expert intermediate · E experts ·
 K experts per token · N = T·K routed rows · P padded sorted rows · R ranks.
 
-Routing families (``MoEConfig.family`` only names the preset; the fields decide the math):
+Model families (``MoEConfig.family`` only names the preset; the fields decide the math):
     olmoe      softmax over all E, top-K, no renormalisation
     mixtral    softmax, top-K, renormalised (``norm_topk_prob``; Qwen-MoE does the same)
     qwen2_moe  as mixtral/Qwen + a shared expert behind a sigmoid gate
     deepseek_v3  sigmoid scores, a correction bias used only to *choose* experts, group-limited
                top-K (``n_group`` groups, keep ``topk_group``), renormalisation, then
                ``routed_scaling_factor``; plus shared experts (no gate)
+``scoring`` names the routing family (:mod:`dispatch.families`: the table of them, each with its
+reference, its kernel mode, the fast paths that apply and its transformers model types).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Literal
 
 import torch
 
-Scoring = Literal["softmax", "sigmoid"]
+from dispatch import families
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class MoEConfig:
     intermediate_size: int  # I, per routed expert
     num_experts: int  # E
     top_k: int  # K
-    scoring: Scoring = "softmax"
+    scoring: str = "softmax"  # a routing family of dispatch.families
     norm_topk_prob: bool = False
     n_group: int = 1  # DeepSeek-V3 group-limited routing: E experts in n_group groups ...
     topk_group: int = 1  # ... of which the best topk_group groups may be chosen from
@@ -54,12 +55,16 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.routed_scaling_factor must be a finite number > 0, got {f!r}")
         if not isinstance(self.family, str) or not self.family:
             raise ValueError(f"MoEConfig.family must be a non-empty string, got {self.family!r}")
-        if self.correction_bias and self.scoring != "sigmoid":
-            raise ValueError("MoEConfig.correction_bias (DeepSeek-V3's selection bias) needs scoring='sigmoid'")
+        family = families.get(self.scoring)  # an unknown scoring: a ValueError naming the families
+        if self.correction_bias and not family.correction_bias:
+            raise ValueError(f"MoEConfig.correction_bias (a selection bias) is not read by scoring={self.scoring!r}; "
+                             f"families with one: {[f.name for f in families.FAMILIES.values() if f.correction_bias]}")
+        if self.n_group > 1 and not family.groups:
+            raise ValueError(f"MoEConfig.n_group={self.n_group} (group-limited selection) is not read by "
+                             f"scoring={self.scoring!r}; families with groups: "
+                             f"{[f.name for f in families.FAMILIES.values() if f.groups]}")
         if self.top_k > self.num_experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} must be <= num_experts={self.num_experts}")
-        if self.scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"MoEConfig.scoring must be 'softmax' or 'sigmoid', got {self.scoring!r}")
         if self.num_experts % self.n_group:
             raise ValueError(f"num_experts={self.num_experts} must divide into n_group={self.n_group} groups")
         if self.topk_group > self.n_group:

@@ -1,6 +1,8 @@
 """The bridge to transformers: MoEConfig from a transformers config, MoEWeights from its MoE blocks.
 
-Supported families (transformers 5 attribute names, checked against 5.17 and 5.24):
+Supported model types: those of the routing families' table (:mod:`dispatch.families`, each type's
+``HFMapping``: its block class and its config's fields; transformers 5 attribute names, checked
+against 5.17 and 5.24), e.g.
 
     model_type    block class              I from                 E from
     olmoe         OlmoeSparseMoeBlock      intermediate_size      num_experts
@@ -20,14 +22,13 @@ from typing import Iterator
 
 import torch
 
+from dispatch import families
 from dispatch.arithmetic import ModelShape
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.reference import moe_reference, route_reference, router_logits
 
-SUPPORTED = ("olmoe", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
-BLOCK_CLASSES = {"olmoe": "OlmoeSparseMoeBlock", "mixtral": "MixtralSparseMoeBlock",
-                 "qwen2_moe": "Qwen2MoeSparseMoeBlock", "qwen3_moe": "Qwen3MoeSparseMoeBlock",
-                 "deepseek_v3": "DeepseekV3MoE"}
+SUPPORTED = families.model_types()
+BLOCK_CLASSES = {t: families.for_model_type(t)[1].block for t in SUPPORTED}
 
 # allenai/OLMoE-1B-7B-0924, config.json as published on the Hugging Face Hub (Muennighoff et al.,
 # "OLMoE: Open Mixture-of-Experts Language Models", 2024). Embedded so chapter 0's arithmetic runs
@@ -63,27 +64,11 @@ def hub_config(name: str, source: str = "auto"):
 def config_from_hf(hf_config) -> MoEConfig:
     """The :class:`MoEConfig` of one MoE layer of a transformers model config."""
     kind = getattr(hf_config, "model_type", None)
-    if kind not in SUPPORTED:
-        raise ValueError(f"model_type must be one of {SUPPORTED}, got {kind!r}")
+    _, mapping = families.for_model_type(kind)  # an unsupported type: a ValueError naming the supported ones
     act = getattr(hf_config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"the reference experts are SwiGLU: hidden_act must be 'silu', got {act!r}")
-    c = hf_config
-    H, K = c.hidden_size, c.num_experts_per_tok
-    if kind == "olmoe":
-        return MoEConfig(H, c.intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob), family=kind)
-    if kind == "mixtral":  # MixtralTopKRouter always renormalises
-        return MoEConfig(H, c.intermediate_size, c.num_local_experts, K, norm_topk_prob=True, family=kind)
-    if kind == "qwen2_moe":
-        return MoEConfig(H, c.moe_intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob),
-                         shared_intermediate_size=c.shared_expert_intermediate_size, shared_gate=True, family=kind)
-    if kind == "qwen3_moe":
-        return MoEConfig(H, c.moe_intermediate_size, c.num_experts, K, norm_topk_prob=bool(c.norm_topk_prob),
-                         family=kind)
-    return MoEConfig(H, c.moe_intermediate_size, c.n_routed_experts, K, scoring="sigmoid",
-                     norm_topk_prob=bool(c.norm_topk_prob), n_group=c.n_group, topk_group=c.topk_group,
-                     routed_scaling_factor=float(c.routed_scaling_factor), correction_bias=True,
-                     shared_intermediate_size=c.moe_intermediate_size * c.n_shared_experts, family=kind)
+    return MoEConfig(**mapping.config(hf_config), family=kind)
 
 
 def _mlp_gate_up_down(mlp) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,8 @@ Paths (``path=``):
 The shared expert runs in torch, except on "decode" where it is ungated with S a multiple of I (DeepSeek-MoE's):
 there it rides along in the decode kernels as S / I more experts (``moe_decode(shared=)``, one pass over all
 the weights; :func:`shared_rides_along`). The router matmul runs in torch too, except on the kernel paths on a GPU
-at <= 16 tokens (softmax routing): there it is the decode step's GEMV (``dense_gemv.linear_small``), one
+at <= 16 tokens (a routing family with the router GEMV fast path, :mod:`dispatch.families`): there it is the
+decode step's GEMV (``dense_gemv.linear_small``), one
 launch that programmatic dependent launch chains to its neighbours (``dispatch.kernels.pdl``).
 The kernel paths are ``torch.library`` ops: ``torch.compile`` traces through them, CUDA graphs capture
 them (no host sync), and a backward through them raises (train with path="torch").
@@ -28,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dispatch import families
 from dispatch.checks import check_launch
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.hf import config_from_hf, weights_from_hf
@@ -67,10 +69,11 @@ def _check_tiles(tiles, path: str, chosen: str) -> None:
 
 
 def kernel_router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
-    """logits_TE for the kernel paths: :func:`linear_small` on a GPU (<= 16 rows, softmax routing,
-    router in x's dtype; not while torch.compile traces), else :func:`dispatch.reference.router_logits`."""
+    """logits_TE for the kernel paths: :func:`linear_small` on a GPU (<= 16 rows, a routing family with
+    the "router_gemv" fast path, router in x's dtype; not while torch.compile traces), else
+    :func:`dispatch.reference.router_logits`."""
     r = w.router_EH
-    if x_TH.is_cuda and cfg.scoring == "softmax" and x_TH.shape[0] <= MAX_ROWS \
+    if x_TH.is_cuda and "router_gemv" in families.get(cfg.scoring).fast_paths and x_TH.shape[0] <= MAX_ROWS \
             and r.dtype == x_TH.dtype and r.stride(-1) == 1 and x_TH.stride(-1) == 1 \
             and not torch.compiler.is_compiling():
         return linear_small(x_TH, r)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dispatch import families
 from dispatch.checks import check_experts_inputs
 from dispatch.config import MoEConfig, MoEWeights
 
@@ -52,39 +53,18 @@ def check_input(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights | None = None)
 def route_reference(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tensor | None = None):
     """Router logits → (weights_TK fp32, ids_TK int64); k = 0 is each token's first choice.
 
-    softmax families: p = softmax(logits) in fp32, top-K of p, optionally renormalised.
-    sigmoid (DeepSeek-V3): s = sigmoid(logits); choice scores s + bias_E; the best ``topk_group``
-    of ``n_group`` groups (a group scores the sum of its top-2 choice scores) are kept; top-K of
-    the kept choice scores; weights are the *unbiased* s of the chosen experts, renormalised if
-    ``norm_topk_prob``, times ``routed_scaling_factor``.
+    The math is the routing family's (``cfg.scoring``, :mod:`dispatch.families`), e.g. softmax: p =
+    softmax(logits) in fp32, top-K of p, optionally renormalised; sigmoid (DeepSeek-V3): s =
+    sigmoid(logits); choice scores s + bias_E; the best ``topk_group`` of ``n_group`` groups are kept;
+    top-K of the kept choice scores; weights the *unbiased* s, renormalised, × routed_scaling_factor.
     """
     if not isinstance(logits_TE, torch.Tensor) or logits_TE.dim() != 2 or not logits_TE.is_floating_point():
         got = f"{getattr(logits_TE, 'dtype', type(logits_TE).__name__)} {tuple(getattr(logits_TE, 'shape', ()))}"
         raise ValueError(f"logits must be a floating [T, E={cfg.num_experts}] tensor, got {got}")
-    T, E = logits_TE.shape
+    E = logits_TE.shape[1]
     if E != cfg.num_experts:
         raise ValueError(f"logits must have E={cfg.num_experts} columns, got {E}")
-    if cfg.scoring == "softmax":
-        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
-        weights_TK, ids_TK = torch.topk(probs_TE, cfg.top_k, dim=-1)
-        if cfg.norm_topk_prob:
-            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
-        return weights_TK * cfg.routed_scaling_factor if cfg.routed_scaling_factor != 1.0 else weights_TK, ids_TK
-
-    scores_TE = logits_TE.float().sigmoid()
-    choice_TE = scores_TE + bias_E.float() if bias_E is not None else scores_TE
-    if cfg.n_group > 1:
-        G = cfg.n_group
-        group_TG = choice_TE.view(T, G, E // G).topk(min(2, E // G), dim=-1)[0].sum(dim=-1)
-        keep_TG = torch.zeros_like(group_TG, dtype=torch.bool)
-        keep_TG.scatter_(1, torch.topk(group_TG, cfg.topk_group, dim=-1, sorted=False)[1], True)
-        keep_TE = keep_TG.unsqueeze(-1).expand(T, G, E // G).reshape(T, E)
-        choice_TE = choice_TE.masked_fill(~keep_TE, float("-inf"))
-    ids_TK = torch.topk(choice_TE, cfg.top_k, dim=-1)[1]
-    weights_TK = scores_TE.gather(1, ids_TK)
-    if cfg.norm_topk_prob:
-        weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights_TK * cfg.routed_scaling_factor, ids_TK
+    return families.get(cfg.scoring).reference(logits_TE, cfg, bias_E)
 
 
 def swiglu(gate_up_M2I: torch.Tensor) -> torch.Tensor:
@@ -146,8 +126,9 @@ def shared_as_experts(shared_gate_up_2SH: torch.Tensor, shared_down_HS: torch.Te
 
 
 def router_logits(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
-    """x_TH @ router_EH.T — in fp32 for sigmoid (DeepSeek-V3) routing, as transformers does."""
-    if cfg.scoring == "sigmoid":
+    """x_TH @ router_EH.T — in fp32 where the routing family scores fp32 logits (sigmoid: DeepSeek-V3),
+    as transformers does."""
+    if families.get(cfg.scoring).fp32_logits:
         return F.linear(x_TH.float(), w.router_EH.float())
     return F.linear(x_TH, w.router_EH)
 

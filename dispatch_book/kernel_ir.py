@@ -252,7 +252,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
         ("decode_attention", attention._decode_attn_kernel,
          dict(D=128, BLOCK_G=16, BLOCK_S=64, PREC="tf32", PARTIALS=True)),
         ("attention combine", attention._combine_kernel, dict(D=128, BLOCK_SP=16)),
-        ("route", routing._route_kernel, dict(K=8, SIGMOID=False, HAS_BIAS=False, RENORM=False, GROUPS=1,
+        ("route", routing._route_kernel, dict(K=8, MODE=0, HAS_BIAS=False, RENORM=False, GROUPS=1,
                                               GROUP_SIZE=64, TOPK_GROUP=1, BLOCK_T=1, BLOCK_E=64, BLOCK_K=8,
                                               BLOCK_G=1)),
         ("decode up", gemv_kernels._up_swiglu_kernel, dict(dec, BLOCK_I=32, BLOCK_H=256)),

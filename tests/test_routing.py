@@ -16,6 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dispatch import families
 from dispatch.config import PRESETS, MoEConfig
 from dispatch.kernels.routing import route, route_torch
 from dispatch.reference import route_reference
@@ -74,19 +75,20 @@ def test_worked_example():
 
 @st.composite
 def configs(draw):
-    scoring = draw(st.sampled_from(["softmax", "sigmoid"]))
+    """Every routing family of the registry, with the options it reads (groups, a selection bias)."""
+    family = families.get(draw(st.sampled_from(sorted(families.FAMILIES))))
     n_group, topk_group, bias = 1, 1, False
-    if scoring == "sigmoid" and draw(st.booleans()):
+    if family.groups and draw(st.booleans()):
         n_group = draw(st.sampled_from([2, 4, 8]))
         topk_group = draw(st.integers(1, n_group))
         E = n_group * draw(st.integers(1, 4))
-        bias = draw(st.booleans())
+        bias = family.correction_bias and draw(st.booleans())
         K = draw(st.integers(1, topk_group * (E // n_group)))
     else:
         E = draw(st.integers(1, 16))
         K = draw(st.integers(1, E))
-        bias = scoring == "sigmoid" and draw(st.booleans())
-    return MoEConfig(64, 32, E, K, scoring=scoring, norm_topk_prob=draw(st.booleans()), n_group=n_group,
+        bias = family.correction_bias and draw(st.booleans())
+    return MoEConfig(64, 32, E, K, scoring=family.name, norm_topk_prob=draw(st.booleans()), n_group=n_group,
                      topk_group=topk_group, correction_bias=bias,
                      routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
 
@@ -166,7 +168,7 @@ def test_bf16_logits_on_cpu_are_widened():
     (lambda cfg: (torch.randn(4), cfg, None), "shape"),
     (lambda cfg: (torch.zeros(4, 16, dtype=torch.int32), cfg, None), "float32"),
     (lambda cfg: (torch.randn(4, 16), "olmoe", None), "MoEConfig"),
-    (lambda cfg: (torch.randn(4, 16), cfg, torch.zeros(16)), "only used by sigmoid"),
+    (lambda cfg: (torch.randn(4, 16), cfg, torch.zeros(16)), "not read by scoring="),
     (lambda cfg: (torch.randn(4, 16), FAMILIES["deepseek_v3"], None), "correction bias"),
     (lambda cfg: (torch.randn(4, 16), FAMILIES["deepseek_v3"], torch.zeros(8)), r"shape \[E=16\]"),
     (lambda cfg: (torch.randn(4, 16), FAMILIES["deepseek_v3"], torch.zeros(16, dtype=torch.int64)), "floating"),

@@ -22,7 +22,8 @@ through :func:`dispatch.kernels.attention.decode_attention` (one launch over the
 mask tensor); prefill keeps cuBLAS and SDPA. On sm_90+ the step's Triton kernels (these, the glue, the
 router GEMV and the decode experts) launch with programmatic dependent launch (:mod:`dispatch.kernels.pdl`):
 each one is scheduled while the one before it drains, so their launches and ramp-ups overlap.
-With ``fused_moe=True``, a softmax-routed MoE layer at batch 1 runs router + top-K as one kernel
+With ``fused_moe=True``, an MoE layer at batch 1 whose routing family has the "fused_router" fast
+path (:mod:`dispatch.families`: softmax) runs router + top-K as one kernel
 and the experts as two (:mod:`dispatch.kernels.fused_moe`). Off by default: measured on an H200 it
 was slower than the library's three decode launches (501 vs 719 tokens/s at batch 1): its down
 kernel gives OLMoE's layer half the programs, too few to stream the weights at full bandwidth.
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dispatch import families
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.engine.quant import QuantLayer, quantized_layer
 from dispatch.kernels.attention import decode_attention
@@ -164,7 +166,8 @@ class LeanModel(torch.nn.Module):
             g, u, dn = d["mlp"]
             return F.linear(F.silu(F.linear(x_TH, g)) * F.linear(x_TH, u), dn)
         cfg, w = self.moe_cfgs[i], d["moe"]
-        if self.fused_moe and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and cfg.scoring == "softmax":
+        fused = "fused_router" in families.get(cfg.scoring).fast_paths  # its family has the batch-1 router
+        if self.fused_moe and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and fused:
             from dispatch.kernels.fused_moe import moe_decode_1, router_topk
             from dispatch.reference import shared_reference
 

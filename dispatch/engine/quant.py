@@ -24,28 +24,20 @@ import types
 
 import torch
 
+from dispatch import schemes
 from dispatch.config import MoEConfig, MoEWeights
-from dispatch.quant.formats import FP8, SCHEMES, QuantizedExperts
-
-# --quant short names: per-channel scales (one scale per output row, applied after the reduction)
-SHORT = {"int8": "int8-channel", "fp8": "fp8-channel"}
+from dispatch.quant.formats import QuantizedExperts
 
 
 def scheme_name(name: str) -> str:
-    """'int8' | 'fp8' | a full scheme name of :data:`dispatch.quant.SCHEMES` → the full name."""
-    full = SHORT.get(name, name)
-    if full not in SCHEMES:
-        raise ValueError(f"quantization must be one of {sorted(SHORT) + sorted(SCHEMES)}, got {name!r}")
-    return full
+    """'int8' | 'fp8' (per-channel scales: one a row, applied after the reduction) | a full scheme name
+    of :mod:`dispatch.schemes` → the full name."""
+    return schemes.full_name(name)
 
 
 def check_device(scheme: str, device: torch.device) -> None:
     """fp8 codes need an sm_89+ GPU for the kernels: a clear error on an older GPU (a T4)."""
-    if SCHEMES[scheme].dtype == FP8 and device.type == "cuda":
-        cap = torch.cuda.get_device_capability(device)
-        if cap < (8, 9):
-            raise ValueError(f"{scheme} needs an sm_89+ GPU (Ada, Hopper) for its fp8 kernels; this one is "
-                             f"sm_{cap[0]}{cap[1]}: use int8")
+    schemes.get(scheme).check_device(device)
 
 
 def quantize(model, scheme: str, *, w8a8: bool = False):

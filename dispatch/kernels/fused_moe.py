@@ -3,7 +3,7 @@
 The decode path of a layer is the router GEMV, the routing kernel, then the experts' three
 kernels (up+SwiGLU, down × weight, combine). Inside a CUDA graph each launch still costs a fixed
 slice of GPU time (ramp-up and tail of a small grid), paid 16 × per step at OLMoE's depth. Two
-fusions, for softmax-routed families (OLMoE, Mixtral, Qwen2/3-MoE):
+fusions, for softmax routing (the "fused_router" fast path of :mod:`dispatch.families`):
 
     router_topk(x_TH, router_EH, cfg)   logits = x @ router.T (fp32 sums, rounded to x's dtype as
                                         a GEMM's output is), softmax, the router's top-K
@@ -24,7 +24,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from dispatch import runtime  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
+from dispatch import (
+    families,
+    runtime,  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
+)
 from dispatch.config import MoEConfig
 from dispatch.kernels import pdl, tiles
 from dispatch.kernels.gemv_kernels import _up_swiglu_kernel
@@ -64,8 +67,9 @@ def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scalin
 
 def router_topk(x_TH: torch.Tensor, router_EH: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Router GEMV + softmax top-K in one launch → (weights_TK fp32, ids_TK int32)."""
-    if cfg.scoring != "softmax":
-        raise ValueError(f"router_topk is for softmax routing; {cfg.family} scores with {cfg.scoring!r}")
+    if "fused_router" not in families.get(cfg.scoring).fast_paths:
+        raise ValueError(f"router_topk computes softmax routing (the families with the 'fused_router' fast path); "
+                         f"{cfg.family} scores with {cfg.scoring!r}")
     if x_TH.dim() != 2 or x_TH.stride(1) != 1 or router_EH.shape != (cfg.num_experts, x_TH.shape[1]) \
             or router_EH.stride(1) != 1 or router_EH.dtype != x_TH.dtype:
         raise ValueError(f"x must be [T, H] and router [E={cfg.num_experts}, H] in x's dtype, last dims contiguous; "

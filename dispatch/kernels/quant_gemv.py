@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from dispatch import runtime
+from dispatch import runtime, schemes
 from dispatch.checks import check_experts_inputs, check_launch
 from dispatch.kernels import tiles
 from dispatch.kernels.gemv import by_expert_torch, moe_decode_torch, run_decode
 from dispatch.kernels.quant_kernels import W8A8_GROUP, fp8_rows
 from dispatch.kernels.tiles import DecodeConfig, chunk_fits, fit_w8a8
-from dispatch.quant.formats import FP8, QuantizedExperts, QuantizedTensor, fp8_activations
+from dispatch.quant.formats import QuantizedExperts, QuantizedTensor, fp8_activations
 
 
 def stand_ins(x_TH, qe) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,18 +42,15 @@ def stand_ins(x_TH, qe) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"x_TH must be a floating torch.Tensor, got {getattr(x_TH, 'dtype', type(x_TH).__name__)}")
     if qe.device != x_TH.device:
         raise ValueError(f"x_TH is on {x_TH.device} but the quantized experts on {qe.device}")
-    cap = runtime.capability(x_TH.device)
-    if qe.gate_up.q.dtype == FP8 and cap is not None and cap < (8, 9):
-        raise ValueError(f"fp8 e4m3 codes need an sm_89+ GPU (Ada, Hopper); this one is sm_{cap[0]}{cap[1]}: "
-                         "use an int8 scheme")
+    schemes.get(qe.scheme).check_device(x_TH.device)  # fp8 codes: sm_89+
     z = torch.zeros((), dtype=x_TH.dtype, device=x_TH.device)
     return z.expand(qe.gate_up.shape), z.expand(qe.down.shape)
 
 
 def check_w8a8(x_TH, experts: QuantizedExperts) -> None:
     """Raise unless ``experts`` can multiply fp8 activations: fp8 codes, on sm_89+ (or the interpreter)."""
-    if experts.gate_up.q.dtype != FP8:
-        raise ValueError(f"w8a8 multiplies fp8 by fp8: it needs an fp8 scheme, got {experts.scheme}")
+    if not schemes.get(experts.scheme).w8a8:
+        raise ValueError(f"w8a8 multiplies fp8 by fp8: it needs a scheme with fp8 codes, got {experts.scheme}")
     cap = runtime.capability(x_TH.device)
     if cap is not None and cap < (8, 9):
         raise ValueError(f"w8a8 needs fp8 tensor cores (sm_89+), this GPU is sm_{cap[0]}{cap[1]}")

@@ -27,9 +27,9 @@ import triton.language as tl
 
 from dispatch import runtime
 from dispatch.kernels import tiles
-from dispatch.kernels.tile_rules import W8A8_GROUP  # noqa: F401  (activation columns per scale in w8a8)
+from dispatch.schemes import FP8_MAX, W8A8_GROUP, kernel_constexprs  # noqa: F401  (W8A8_GROUP re-exported)
 
-_FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value (dispatch.quant.formats.FP8_MAX)
+_FP8_MAX = tl.constexpr(FP8_MAX)  # the largest finite e4m3 value
 # fp8 e4m3 → bf16 by bit placement (_e4m3_bf16) where compiled (the interpreter runs no inline PTX);
 # DISPATCH_FP8_CVT=hw keeps the hardware's e4m3 → f16 → bf16 conversion (benchmarks compare the two)
 _CVT = os.environ.get("DISPATCH_FP8_CVT", "bits")
@@ -257,5 +257,4 @@ def weight_operand(w, w8a8: bool = False):
         w = w if w.stride(-1) == 1 else w.contiguous()  # the kernels read along a contiguous last dim
         return w, w, (0, 0, 0), dict(SBR=1, SBC=1, QUANT=False, LATE_SCALE=False)
     q = w.q if w.q.stride(-1) == 1 else w.q.contiguous()
-    return q, w.scale, tuple(w.scale.stride()), dict(
-        SBR=w.block_rows, SBC=w.block_cols, QUANT=True, LATE_SCALE=w.per_row)
+    return q, w.scale, tuple(w.scale.stride()), kernel_constexprs(w.block_rows, w.block_cols, w.shape[2])

@@ -1,13 +1,15 @@
 """The router in one Triton launch: logits_TE → scores → (group-limited) top-K → weights_TK, ids_TK.
 
 Each program owns a tile of ``BLOCK_T`` tokens × ``BLOCK_E`` experts (E padded to a power of two,
-padded columns masked to -inf) and does, all in fp32 registers:
+padded columns masked to -inf) and does, all in fp32 registers, its routing family's branch
+(``MODE``: the family's ``mode`` in :mod:`dispatch.families`, the one table of them):
 
-    softmax families (OLMoE, Mixtral, Qwen):   p = softmax(logits);  choose top-K of p;  w = p
+    softmax (OLMoE, Mixtral, Qwen):   p = softmax(logits);  choose top-K of p;  w = p
     sigmoid (DeepSeek-V3):  s = sigmoid(logits);  c = s + bias_E (choice only);
         group score = sum of the top-2 c in each of n_group groups; keep the best topk_group
         groups; choose top-K of c among the kept experts;  w = s (unbiased)
-    then optionally  w /= Σ_k w  (``norm_topk_prob``),  and  w *= routed_scaling_factor.
+    then optionally  w /= Σ_k w  (``norm_topk_prob``, where the family renormalises),  and
+    w *= routed_scaling_factor.
 
 Top-K is K passes of "argmax, then mask it out". Ties go to the lowest expert id (the argmax is
 the smallest column index whose score equals the row maximum). A NaN score counts as the largest
@@ -30,6 +32,7 @@ import triton
 import triton.language as tl
 from torch.library import custom_op
 
+from dispatch import families
 from dispatch.checks import check_launch, no_backward, via_op
 from dispatch.config import MoEConfig
 from dispatch.kernels import pdl
@@ -38,12 +41,14 @@ from dispatch.kernels.pdl import pdl_enter
 from dispatch.reference import route_reference
 
 _TILE = 2048  # BLOCK_T × BLOCK_E elements per program: ~16 fp32 per thread and tensor at 4 warps
+# the kernel's MODE of each routing family (dispatch.families holds the numbers)
+SIGMOID = tl.constexpr(families.get("sigmoid").mode)
 
 
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, stride_e, stride_b,
                   scaling,
-                  K: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
+                  K: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
                   GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, TOPK_GROUP: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                   BLOCK_G: tl.constexpr, PDL: tl.constexpr):
@@ -58,13 +63,13 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, st
     real = (rows[:, None] >= 0) & cmask[None, :]  # [BLOCK_T, BLOCK_E]: the E real columns
     neg_inf = float("-inf")
 
-    if SIGMOID:
+    if MODE == SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-x))
         choice = scores
         if HAS_BIAS:
             bias = tl.load(bias_ptr + cols * stride_b, mask=cmask, other=0.0).to(tl.float32)
             choice = scores + bias[None, :]
-    else:
+    else:  # softmax
         x = tl.where(real, x, neg_inf)
         p = tl.exp(x - tl.max(x, axis=1)[:, None])
         scores = p / tl.sum(p, axis=1)[:, None]
@@ -105,7 +110,7 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, st
     kcols = tl.arange(0, BLOCK_K)
     if RENORM:
         tot = tl.sum(w_acc, axis=1)
-        if SIGMOID:
+        if MODE == SIGMOID:
             tot = tot + 1e-20  # as DeepSeek-V3 (and the reference) does
         w_acc = w_acc / tot[:, None]
     w_acc = w_acc * scaling
@@ -129,8 +134,8 @@ def _check_route_inputs(logits_TE, cfg, bias_E, *, triton_device: bool = True) -
     if cfg.correction_bias and bias_E is None:
         raise ValueError("this config uses a correction bias (correction_bias=True): pass bias_E of shape [E]")
     if bias_E is not None:
-        if cfg.scoring != "sigmoid":
-            raise ValueError("bias_E is only used by sigmoid (DeepSeek-V3) routing; this config uses softmax")
+        if not families.get(cfg.scoring).correction_bias:
+            raise ValueError(f"bias_E (a selection bias) is not read by scoring={cfg.scoring!r} routing")
         if not isinstance(bias_E, torch.Tensor) or tuple(bias_E.shape) != (cfg.num_experts,):
             got = tuple(bias_E.shape) if isinstance(bias_E, torch.Tensor) else type(bias_E).__name__
             raise ValueError(f"bias_E must be a tensor of shape [E={cfg.num_experts}], got {got}")
@@ -146,7 +151,7 @@ def route(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tensor | None =
     Args:
         logits_TE: router logits [T, E], fp32/fp16/bf16, any strides (CUDA, or CPU under the
             interpreter — there bf16 is widened to fp32 first, as the interpreter mis-loads bf16).
-        cfg: the layer's :class:`MoEConfig` (scoring, top_k, norm_topk_prob, groups, scaling).
+        cfg: the layer's :class:`MoEConfig` (its routing family, top_k, norm_topk_prob, groups, scaling).
         bias_E: DeepSeek-V3 correction bias [E] (required iff ``cfg.correction_bias``).
     Returns:
         weights_TK fp32 [T, K] and ids_TK int32 [T, K]; k = 0 is each token's best choice.
@@ -157,13 +162,14 @@ def route(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tensor | None =
         logits_TE = logits_TE.float()
     if bias_E is not None and bias_E.device.type == "cpu" and bias_E.dtype == torch.bfloat16:
         bias_E = bias_E.float()
+    family = families.get(cfg.scoring)
     op = torch.ops.dispatch.route if via_op(logits_TE, bias_E) else _route_impl
-    return op(logits_TE, bias_E, cfg.top_k, cfg.scoring == "sigmoid", cfg.norm_topk_prob,
-                                    cfg.n_group, cfg.topk_group, float(cfg.routed_scaling_factor))
+    return op(logits_TE, bias_E, cfg.top_k, family.mode, cfg.norm_topk_prob and family.renorm,
+              cfg.n_group, cfg.topk_group, float(cfg.routed_scaling_factor))
 
 
-def _route_impl(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, sigmoid: bool, renorm: bool,
-              n_group: int, topk_group: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _route_impl(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, mode: int, renorm: bool,
+                n_group: int, topk_group: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     T, E = logits_TE.shape
     weights_TK = torch.empty(T, K, dtype=torch.float32, device=logits_TE.device)
     ids_TK = torch.empty(T, K, dtype=torch.int32, device=logits_TE.device)
@@ -174,7 +180,7 @@ def _route_impl(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, K: int, si
     _route_kernel[(triton.cdiv(T, BLOCK_T),)](
         logits_TE, bias_E if bias_E is not None else logits_TE, weights_TK, ids_TK,
         T, E, logits_TE.stride(0), logits_TE.stride(1), bias_E.stride(0) if bias_E is not None else 0, scaling,
-        K=K, SIGMOID=sigmoid, HAS_BIAS=bias_E is not None, RENORM=renorm,
+        K=K, MODE=mode, HAS_BIAS=bias_E is not None, RENORM=renorm,
         GROUPS=n_group, GROUP_SIZE=E // n_group, TOPK_GROUP=topk_group,
         BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_K=triton.next_power_of_2(K),
         BLOCK_G=triton.next_power_of_2(n_group), num_warps=4, **pdl.launch_kw(logits_TE.device))
@@ -185,7 +191,7 @@ _route_op = custom_op("dispatch::route", _route_impl, mutates_args=())
 
 
 @_route_op.register_fake
-def _(logits_TE, bias_E, K, sigmoid, renorm, n_group, topk_group, scaling):
+def _(logits_TE, bias_E, K, mode, renorm, n_group, topk_group, scaling):
     T = logits_TE.shape[0]
     return (logits_TE.new_empty(T, K, dtype=torch.float32), logits_TE.new_empty(T, K, dtype=torch.int32))
 

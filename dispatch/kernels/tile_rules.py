@@ -20,9 +20,9 @@ import torch
 import triton
 
 from dispatch import runtime
+from dispatch.schemes import W8A8_GROUP
 
 HEADROOM = 8 * 1024  # shared memory left to Triton's own scratch (layout conversions, barriers)
-W8A8_GROUP = 128  # activation columns per scale in w8a8 (per token with per-channel weights)
 
 
 def _pow2(cls, obj, names, one=()):

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from dispatch import runtime, tables
+from dispatch import runtime, schemes, tables
 from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules, re-exported: one import for callers)
     DENSE_CONFIGS,
     FEW_EXPERTS,
@@ -64,7 +64,6 @@ from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules,
     pick_block_m,
     shared_bytes,
 )
-from dispatch.quant.formats import get_scheme
 
 DECODE_MAX_TOKENS = 64  # the crossover where no table says otherwise: decode for T ≤ 64
 KINDS = ("grouped", "up", "down", "decode", "crossover", "dense")
@@ -132,7 +131,7 @@ def resolve(kind: str, shape: Shape | tuple | None, dtype, device, *, scheme: st
         up, down = (_lookup(slug, user, K, E, H, I, key, T, k, 1) for k in ("up", "down"))
         if up is not None and down is not None:
             return Tiles((up, down) if kind == "grouped" else up if kind == "up" else down, "table")
-        gu, dn = get_scheme(base).per_row(H), get_scheme(base).per_row(I)
+        gu, dn = schemes.get(base).per_row(H), schemes.get(base).per_row(I)
         cfg = heuristic_quant_gemm(T, K, E, dev, w8a8, late=gu and dn)
         return Tiles((cfg, cfg) if kind == "grouped" else cfg, "heuristic")
     up, down = _lookup(slug, user, K, E, H, I, dtype, T, "up"), _lookup(slug, user, K, E, H, I, dtype, T, "down")
@@ -149,21 +148,19 @@ def resolve(kind: str, shape: Shape | tuple | None, dtype, device, *, scheme: st
 
 
 def _scheme(scheme: str | None) -> tuple[str | None, bool]:
-    """(weight scheme, w8a8?) of 'int8-channel' / 'fp8-channel+w8a8'; a ValueError for an unknown one."""
+    """(weight scheme's name, w8a8?) of a label 'int8-channel' / 'fp8-channel+w8a8' (:func:`schemes.parse`:
+    a ValueError for an unknown one)."""
     if scheme is None:
         return None, False
-    if not isinstance(scheme, str):
-        raise ValueError(f"scheme must be a scheme name (str) or None, got {scheme!r}")
-    base = scheme.removesuffix("+w8a8")
-    get_scheme(base)
-    return base, base != scheme
+    s, w8a8 = schemes.parse(scheme)
+    return s.name, w8a8
 
 
 def _fit(cfg: DecodeConfig, base: str | None, w8a8: bool, H: int, I: int) -> DecodeConfig:  # noqa: E741
     """A decode config shrunk to the scale blocks of experts quantized in ``base`` (none: as it is)."""
     if base is None:
         return cfg
-    s = get_scheme(base)
+    s = schemes.get(base)
     return fit_scheme(cfg, (s.block(H)[1], H), (s.block(I)[1], I), w8a8)
 
 

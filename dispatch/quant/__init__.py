@@ -19,7 +19,7 @@ import importlib
 _LAZY = {
     "greedy": "accuracy", "greedy_agreement": "accuracy", "layer_error": "accuracy", "perplexity": "accuracy",
     "SCHEMES": "formats", "QuantizedExperts": "formats", "QuantizedTensor": "formats", "Scheme": "formats",
-    "get_scheme": "formats", "quantize_experts": "formats", "quantize_tensor": "formats",
+    "get_scheme": "formats", "quantize_experts": "formats", "quantize_tensor": "formats",  # schemes: dispatch.schemes
     "dequantized_model": "io", "load": "io", "quantize_model": "io", "save": "io",
     "QuantizedExpertsModule": "modules", "swap_experts": "modules",
 }

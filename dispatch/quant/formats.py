@@ -3,12 +3,8 @@
 A weight stack ``w [E, R, C]`` (R output channels, C input channels: ``gate_up_E2IH`` has R = 2I,
 C = H; ``down_EHI`` has R = H, C = I) is stored as 8-bit codes ``q [E, R, C]`` and fp32 scales
 ``scale [E, ceil(R / block_rows), ceil(C / block_cols)]``; an element is ``q · scale`` of its block.
-
-    scheme          codes        block (rows × cols)   amax of a block maps to
-    int8-channel    int8         1 × C (one per row)    127
-    int8-group128   int8         1 × 128                127
-    fp8-channel     e4m3 (fn)    1 × C                  448
-    fp8-block128    e4m3 (fn)    128 × 128              448  (DeepSeek-V3's recipe)
+The schemes (int8-channel, int8-group128, fp8-channel, fp8-block128: codes, blocks, gates) are the
+table of :mod:`dispatch.schemes`; this module quantizes with them.
 
 int8 is uniform: 255 levels spaced ``scale`` apart, so an element's error is at most scale / 2.
 e4m3 is floating point: 4 exponent and 3 mantissa bits, range ±448, a relative step of 2^-3, so an
@@ -21,53 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # the largest finite e4m3 (fn) value
+from dispatch.schemes import (  # noqa: F401  (re-exported: the quant package's names)
+    CODE_DTYPES,
+    FP8,
+    FP8_MAX,
+    SCHEMES,
+    QuantScheme,
+)
+from dispatch.schemes import get as get_scheme
 
-
-@dataclass(frozen=True)
-class Scheme:
-    """How one weight stack is quantized: the code dtype and the block one scale covers."""
-
-    name: str
-    dtype: torch.dtype  # torch.int8 or torch.float8_e4m3fn
-    block_rows: int  # output channels per scale
-    block_cols: int | None  # input channels per scale; None = the whole row (per-channel)
-
-    @property
-    def qmax(self) -> float:
-        """The largest code: a block's largest |w| is mapped onto it."""
-        return 127.0 if self.dtype == torch.int8 else FP8_MAX
-
-    def block(self, cols: int) -> tuple[int, int]:
-        """(block_rows, block_cols) for a stack with ``cols`` input channels."""
-        return self.block_rows, self.block_cols or cols
-
-    def per_row(self, cols: int) -> bool:
-        """``QuantizedTensor.per_row`` of a stack with ``cols`` input channels in this scheme."""
-        return self.block(cols)[1] >= cols
-
-    def expert_bytes(self, E: int, H: int, I: int) -> int:  # noqa: E741
-        """Exact bytes of E experts (gate_up [E, 2I, H] + down [E, H, I]): 1-byte codes + fp32 scales."""
-        def scales(R, C):
-            br, bc = self.block(C)
-            return -(-R // br) * -(-C // bc)
-        return E * (3 * H * I + 4 * (scales(2 * I, H) + scales(H, I)))
-
-
-SCHEMES: dict[str, Scheme] = {
-    "int8-channel": Scheme("int8-channel", torch.int8, 1, None),
-    "int8-group128": Scheme("int8-group128", torch.int8, 1, 128),
-    "fp8-channel": Scheme("fp8-channel", FP8, 1, None),
-    "fp8-block128": Scheme("fp8-block128", FP8, 128, 128),
-}
-CODE_DTYPES = (torch.int8, FP8)
-
-
-def get_scheme(name: str) -> Scheme:
-    if name not in SCHEMES:
-        raise ValueError(f"scheme must be one of {sorted(SCHEMES)}, got {name!r}")
-    return SCHEMES[name]
+# The schemes themselves (names, code dtypes, blocks, gates, kernel constexprs): dispatch.schemes.
+Scheme = QuantScheme
 
 
 def expand_scale(scale: torch.Tensor, block: tuple[int, int], rows: int, cols: int) -> torch.Tensor:

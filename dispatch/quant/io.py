@@ -15,7 +15,8 @@ import pathlib
 
 import torch
 
-from dispatch.quant.formats import QuantizedExperts, QuantizedTensor, get_scheme, quantize_experts
+from dispatch.quant.formats import QuantizedExperts, QuantizedTensor, quantize_experts
+from dispatch.schemes import get as get_scheme
 
 FORMAT = "dispatch.quant/1"
 

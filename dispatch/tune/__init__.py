@@ -64,7 +64,8 @@ import os
 import torch
 import triton
 
-from dispatch import quant, runtime, tables
+from dispatch import runtime, tables
+from dispatch import schemes as registry
 from dispatch.config import PRESETS
 from dispatch.tune import refine
 from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
@@ -99,9 +100,10 @@ def main(argv=None) -> None:
             raise SystemExit(f"unknown preset {name!r}; choose from {sorted(PRESETS)} or 'all'")
     schemes = tuple(q for q in a.quant.split(",") if q)
     for q in schemes:
-        if q.removesuffix("+w8a8") not in quant.SCHEMES or q.endswith("+w8a8") and not q.startswith("fp8"):
-            raise SystemExit(f"unknown scheme {q!r}; choose from {sorted(quant.SCHEMES)} (fp8 ones also "
-                             "as '<scheme>+w8a8': that entry alone)")
+        try:
+            registry.parse(q)  # a scheme of dispatch.schemes, or '<scheme>+w8a8' where fp8 activations apply
+        except ValueError as e:
+            raise SystemExit(f"--quant: {e}") from None
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
     tokens = sorted(int(t) for t in a.tokens.split(","))

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from dispatch import quant, runtime
+from dispatch import schemes as registry
 from dispatch.config import PRESETS
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
@@ -49,7 +50,7 @@ def compile_jobs(presets, tokens, dev, schemes=()) -> list[tuple]:
             jobs.append((name, T, f"decode:{scheme}", [c for b in search.decode_starts(base, T)
                                                        for step in qs.quant_steps(b, 1, T) for c in step(b)]))
         for scheme, T in ((s, T) for s in fp8 for T in tokens if T >= qs.QUANT_GROUPED_MIN_T):
-            late = quant.SCHEMES[scheme].per_row(cfg.H) and quant.SCHEMES[scheme].per_row(cfg.I)
+            late = registry.get(scheme).per_row(cfg.H) and registry.get(scheme).per_row(cfg.I)
             base = tiles.resolve("up", (T, cfg.K, cfg.E, cfg.H, cfg.I), runtime.compute_dtype(dev), dev,
                                  scheme=scheme + "+w8a8", table=False).config
             for kind in ("up", "down"):

@@ -23,6 +23,7 @@ import functools
 from dataclasses import replace
 
 from dispatch import quant, runtime, tables
+from dispatch import schemes as registry
 from dispatch.config import PRESETS
 from dispatch.kernels import tiles
 from dispatch.kernels.grouped_gemm import grouped_down, grouped_up_swiglu
@@ -30,7 +31,6 @@ from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
-from dispatch.quant.formats import FP8
 from dispatch.reference import rel_err
 from dispatch.tune.search import (
     GROUPED_MIN_T,
@@ -84,7 +84,7 @@ def w8a8_schemes(schemes, dev) -> tuple[str, ...]:
     """The schemes whose grouped w8a8 tiles are tuned here: fp8 codes, on a device with fp8 tensor
     cores (the interpreter counts: it runs w8a8 in fp32)."""
     cap = runtime.capability(dev)
-    return tuple(s for s in schemes if quant.SCHEMES[s].dtype == FP8 and (cap is None or cap >= (8, 9)))
+    return tuple(s for s in schemes if registry.get(s).w8a8 and (cap is None or cap >= (8, 9)))
 
 
 def quant_gemm_space(kind: str, base: GemmConfig, dev, late: bool) -> list[GemmConfig]:
