@@ -10,6 +10,8 @@ transformers mapping (:func:`dispatch.hf.config_from_hf`). An unknown name is a 
                                                                                    Qwen2/3-MoE
     sigmoid        s = sigmoid(logits); top-K of s + bias_E (group-limited);       DeepSeek-V3
                    w = s (÷ Σ w), × routed_scaling_factor
+    topk_softmax   top-K of the logits; w = softmax of those K (sums to one: no    Cohere2-MoE
+                   renormalisation)
 
 Adding a family is one entry here (its reference function, the next ``mode``, its fast paths and
 transformers model types) plus its branch in the routing kernel (``dispatch/kernels/routing.py``).
@@ -97,6 +99,13 @@ def sigmoid_reference(logits_TE: torch.Tensor, cfg, bias_E=None):
     return weights_TK * cfg.routed_scaling_factor, ids_TK
 
 
+def topk_softmax_reference(logits_TE: torch.Tensor, cfg, bias_E=None):
+    """Top-K of the logits, then the softmax of those K in fp32 (transformers' Cohere2-MoE): the same
+    experts as ``softmax``, weights that agree with its renormalised ones up to rounding."""
+    top_TK, ids_TK = torch.topk(logits_TE.float(), cfg.top_k, dim=-1)
+    return _scaled(torch.softmax(top_TK, dim=-1), cfg), ids_TK
+
+
 # ---- transformers ----
 
 def _softmax_family(c, E: str, I: str, **extra) -> dict:  # noqa: E741
@@ -116,6 +125,18 @@ def _deepseek_v3(c) -> dict:
                 correction_bias=True, shared_intermediate_size=c.moe_intermediate_size * c.n_shared_experts)
 
 
+def _cohere2_moe(c) -> dict:
+    if c.expert_selection_fn != "softmax":
+        raise ValueError(f"cohere2_moe with expert_selection_fn={c.expert_selection_fn!r}: only 'softmax' "
+                         "(top-K, then the softmax of those K) is a routing family here")
+    if c.num_shared_experts and c.shared_expert_combination_strategy != "sum":
+        raise ValueError("cohere2_moe's shared experts combined by "
+                         f"{c.shared_expert_combination_strategy!r}: only 'sum' (routed + shared) is supported")
+    return dict(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_experts=c.num_experts,
+                top_k=c.num_experts_per_tok, scoring="topk_softmax", norm_topk_prob=bool(c.norm_topk_prob),
+                shared_intermediate_size=c.intermediate_size * c.num_shared_experts)  # (renorm: not read)
+
+
 FAMILIES: dict[str, RoutingFamily] = {f.name: f for f in (
     RoutingFamily("softmax", 0, softmax_reference, fast_paths=frozenset({"router_gemv", "fused_router"}), hf={
         "olmoe": HFMapping("OlmoeSparseMoeBlock", lambda c: _softmax_family(
@@ -127,6 +148,9 @@ FAMILIES: dict[str, RoutingFamily] = {f.name: f for f in (
             c, "num_experts", "moe_intermediate_size", norm_topk_prob=bool(c.norm_topk_prob)))}),
     RoutingFamily("sigmoid", 1, sigmoid_reference, fp32_logits=True, correction_bias=True, groups=True, hf={
         "deepseek_v3": HFMapping("DeepseekV3MoE", _deepseek_v3)}),
+    RoutingFamily("topk_softmax", 2, topk_softmax_reference, renorm=False,
+                  fast_paths=frozenset({"router_gemv"}), hf={
+                      "cohere2_moe": HFMapping("Cohere2MoeSparseMoeBlock", _cohere2_moe)}),
 )}
 
 

@@ -8,6 +8,7 @@ padded columns masked to -inf) and does, all in fp32 registers, its routing fami
     sigmoid (DeepSeek-V3):  s = sigmoid(logits);  c = s + bias_E (choice only);
         group score = sum of the top-2 c in each of n_group groups; keep the best topk_group
         groups; choose top-K of c among the kept experts;  w = s (unbiased)
+    topk_softmax (Cohere2-MoE):  choose top-K of the logits;  w = softmax of those K logits
     then optionally  w /= Σ_k w  (``norm_topk_prob``, where the family renormalises),  and
     w *= routed_scaling_factor.
 
@@ -43,6 +44,7 @@ from dispatch.reference import route_reference
 _TILE = 2048  # BLOCK_T × BLOCK_E elements per program: ~16 fp32 per thread and tensor at 4 warps
 # the kernel's MODE of each routing family (dispatch.families holds the numbers)
 SIGMOID = tl.constexpr(families.get("sigmoid").mode)
+TOPK_SOFTMAX = tl.constexpr(families.get("topk_softmax").mode)
 
 
 @triton.jit
@@ -69,6 +71,10 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, st
         if HAS_BIAS:
             bias = tl.load(bias_ptr + cols * stride_b, mask=cmask, other=0.0).to(tl.float32)
             choice = scores + bias[None, :]
+    elif MODE == TOPK_SOFTMAX:  # choose on the logits themselves; the softmax comes after the top-K
+        x = tl.where(real, x, neg_inf)
+        scores = x
+        choice = x
     else:  # softmax
         x = tl.where(real, x, neg_inf)
         p = tl.exp(x - tl.max(x, axis=1)[:, None])
@@ -108,6 +114,10 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, T, E, stride_t, st
 
     w_acc, id_acc = topk(choice, scores, avail, cols, K, BLOCK_T, BLOCK_E, BLOCK_K)  # ties -> lowest expert id
     kcols = tl.arange(0, BLOCK_K)
+    if MODE == TOPK_SOFTMAX:  # w = the K chosen logits → their softmax (columns K.. stay out of it)
+        top = tl.where(kcols[None, :] < K, w_acc, neg_inf)
+        e = tl.exp(top - tl.max(top, axis=1)[:, None])
+        w_acc = e / tl.sum(e, axis=1)[:, None]
     if RENORM:
         tot = tl.sum(w_acc, axis=1)
         if MODE == SIGMOID:
