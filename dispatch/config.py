@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from dispatch import families
+from dispatch import activations, families
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class MoEConfig:
     shared_intermediate_size: int = 0  # I of the (fused) shared expert MLP; 0 = none
     shared_gate: bool = False  # Qwen2-MoE: sigmoid(x @ w_gate) scales the shared expert
     family: str = "custom"
+    activation: str = "silu"  # the experts' gated activation (dispatch.activations): silu = SwiGLU
 
     def __post_init__(self):
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k", "n_group", "topk_group"):
@@ -55,6 +56,7 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.routed_scaling_factor must be a finite number > 0, got {f!r}")
         if not isinstance(self.family, str) or not self.family:
             raise ValueError(f"MoEConfig.family must be a non-empty string, got {self.family!r}")
+        activations.get(self.activation)  # an unknown activation: a ValueError naming the known ones
         family = families.get(self.scoring)  # an unknown scoring: a ValueError naming the families
         if self.correction_bias and not family.correction_bias:
             raise ValueError(f"MoEConfig.correction_bias (a selection bias) is not read by scoring={self.scoring!r}; "

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import torch
 
-from dispatch import families
+from dispatch import activations, families
 from dispatch.arithmetic import ModelShape
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.reference import moe_reference, route_reference, router_logits
@@ -65,10 +65,8 @@ def config_from_hf(hf_config) -> MoEConfig:
     """The :class:`MoEConfig` of one MoE layer of a transformers model config."""
     kind = getattr(hf_config, "model_type", None)
     _, mapping = families.for_model_type(kind)  # an unsupported type: a ValueError naming the supported ones
-    act = getattr(hf_config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"the reference experts are SwiGLU: hidden_act must be 'silu', got {act!r}")
-    return MoEConfig(**mapping.config(hf_config), family=kind)
+    act = activations.from_hf(getattr(hf_config, "hidden_act", "silu"))  # SwiGLU or GeGLU, else a ValueError
+    return MoEConfig(**mapping.config(hf_config), family=kind, activation=act.name)
 
 
 def _mlp_gate_up_down(mlp) -> tuple[torch.Tensor, torch.Tensor]:

@@ -107,15 +107,16 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
     if chosen == "torch":
         weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg, w.bias_E)
         y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI,
-                                 check_ids=check_ids)
+                                 check_ids=check_ids, activation=cfg.activation)
     else:
         weights_TK, ids_TK = route(kernel_router_logits(x_TH, cfg, w), cfg, w.bias_E)
         args = (x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
         if chosen == "decode" and shared_rides_along(cfg):  # the shared expert inside the kernels
             shared = (w.shared_gate_up_2SH, w.shared_down_HS)
-            return moe_decode(*args, shared=shared, config=tiles, check_ids=check_ids).view(x.shape)
+            return moe_decode(*args, shared=shared, config=tiles, check_ids=check_ids,
+                              activation=cfg.activation).view(x.shape)
         experts = moe_decode if chosen == "decode" else moe_experts
-        y_TH = experts(*args, config=tiles, check_ids=check_ids)
+        y_TH = experts(*args, config=tiles, check_ids=check_ids, activation=cfg.activation)
     shared_TH = shared_reference(x_TH, cfg, w)
     y_TH = y_TH if shared_TH is None else y_TH + shared_TH
     return y_TH.view(x.shape)

@@ -1,7 +1,7 @@
 """The reference MoE layer in plain PyTorch: the ground truth every kernel is checked against.
 
     x_TH → router logits_TE → scores → top-K → weights_TK, ids_TK
-         → per-expert SwiGLU loop → y_TH (+ shared expert)
+         → per-expert gated MLP loop (SwiGLU, GeGLU: ``cfg.activation``) → y_TH (+ shared expert)
 
 It is written to reproduce transformers 5's MoE blocks bit for bit in fp32: the same ops in the
 same order (rows of an expert gathered in (k, t) order; contributions added into a zero fp32/x-dtype
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dispatch import families
+from dispatch import activations, families
 from dispatch.checks import check_experts_inputs
 from dispatch.config import MoEConfig, MoEWeights
 
@@ -67,23 +67,27 @@ def route_reference(logits_TE: torch.Tensor, cfg: MoEConfig, bias_E: torch.Tenso
     return families.get(cfg.scoring).reference(logits_TE, cfg, bias_E)
 
 
-def swiglu(gate_up_M2I: torch.Tensor) -> torch.Tensor:
-    """The SwiGLU activation of a gate|up product: silu(gate) * up — [M, 2I] → [M, I]."""
+def gated_act(gate_up_M2I: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """The gated activation of a gate|up product: act(gate) * up — [M, 2I] → [M, I] (``activation``:
+    :mod:`dispatch.activations`; "silu" is SwiGLU)."""
     gate_MI, up_MI = gate_up_M2I.chunk(2, dim=-1)
-    return F.silu(gate_MI) * up_MI
+    return activations.gated(gate_MI, up_MI, activation)
 
 
-def swiglu_expert(x_MH: torch.Tensor, gate_up_2IH: torch.Tensor, down_HI: torch.Tensor) -> torch.Tensor:
-    """One SwiGLU expert: down(silu(gate(x)) * up(x)) — [M, H] → [M, H]."""
-    return F.linear(swiglu(F.linear(x_MH, gate_up_2IH)), down_HI)
+def gated_expert(x_MH: torch.Tensor, gate_up_2IH: torch.Tensor, down_HI: torch.Tensor,
+                 activation: str = "silu") -> torch.Tensor:
+    """One gated expert: down(act(gate(x)) * up(x)) — [M, H] → [M, H]."""
+    return F.linear(gated_act(F.linear(x_MH, gate_up_2IH), activation), down_HI)
 
 
-def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, check_ids: bool = False) -> torch.Tensor:
+def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, check_ids: bool = False,
+                      activation: str = "silu") -> torch.Tensor:
     """The routed experts, one at a time: y_TH = Σ_k weights_TK[t,k] · expert_{ids_TK[t,k]}(x_t).
 
     Each expert's rows are gathered in (k, t) order; contributions are added expert by expert in
     ascending id (the layer's fixed summation order). Experts that receive nothing are skipped, and
-    so are ids outside [0, E) (``check_ids=True``: a ValueError instead).
+    so are ids outside [0, E) (``check_ids=True``: a ValueError instead). ``activation``: the experts'
+    gated activation (:mod:`dispatch.activations`).
     """
     E = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)[2]
     y_TH = torch.zeros_like(x_TH)
@@ -91,7 +95,7 @@ def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, check
         if not 0 <= e < E:
             continue
         k_pos, t_idx = torch.where(ids_TK.T == e)
-        out_MH = swiglu_expert(x_TH[t_idx], gate_up_E2IH[e], down_EHI[e])
+        out_MH = gated_expert(x_TH[t_idx], gate_up_E2IH[e], down_EHI[e], activation)
         out_MH = out_MH * weights_TK[t_idx, k_pos, None].to(out_MH.dtype)
         y_TH.index_add_(0, t_idx, out_MH.to(y_TH.dtype))
     return y_TH
@@ -105,8 +109,8 @@ def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch
     # output columns may round differently from two of S (the fused form is off by ~1 ulp on CPU).
     S = cfg.shared_intermediate_size
     gate_TS, up_TS = F.linear(x_TH, w.shared_gate_up_2SH[:S]), F.linear(x_TH, w.shared_gate_up_2SH[S:])
-    # (silu(gate) * up on the two products as they are: a concatenated copy rounds differently on CPU)
-    out_TH = F.linear(F.silu(gate_TS) * up_TS, w.shared_down_HS)
+    # (act(gate) * up on the two products as they are: a concatenated copy rounds differently on CPU)
+    out_TH = F.linear(activations.gated(gate_TS, up_TS, cfg.activation), w.shared_down_HS)
     if cfg.shared_gate:
         out_TH = torch.sigmoid(F.linear(x_TH, w.shared_gate_1H)) * out_TH
     return out_TH
@@ -114,8 +118,8 @@ def shared_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch
 
 def shared_as_experts(shared_gate_up_2SH: torch.Tensor, shared_down_HS: torch.Tensor, I: int):  # noqa: E741
     """An ungated shared expert of S = n·I columns as n experts of the routed experts' shape, copies:
-    ([n, 2I, H] gate|up, [n, H, I] down). SwiGLU is separable over the intermediate dimension,
-    W_down (silu(W_gate x) ⊙ W_up x) = Σ_j W_down[:, J] (silu(W_gate[J] x) ⊙ W_up[J] x) over the n
+    ([n, 2I, H] gate|up, [n, H, I] down). A gated MLP is separable over the intermediate dimension,
+    W_down (act(W_gate x) ⊙ W_up x) = Σ_j W_down[:, J] (act(W_gate[J] x) ⊙ W_up[J] x) over the n
     chunks J = j·I .. (j+1)·I-1, so the n experts, each with weight 1, sum to the shared expert."""
     S = shared_down_HS.shape[1]
     if S % I:
@@ -139,6 +143,7 @@ def moe_reference(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Te
     if x_TH.shape[0] == 0:
         return x_TH.new_zeros(0, cfg.hidden_size)
     weights_TK, ids_TK = route_reference(router_logits(x_TH, cfg, w), cfg, w.bias_E)
-    y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI)
+    y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, w.gate_up_E2IH, w.down_EHI,
+                             activation=cfg.activation)
     shared_TH = shared_reference(x_TH, cfg, w)
     return y_TH if shared_TH is None else y_TH + shared_TH

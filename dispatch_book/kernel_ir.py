@@ -112,7 +112,7 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     quant = weights != "bf16"
     const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=False,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
-                 WFIRST=quant and not w8a8 and not late_scale and weight_first, TMA=tma)
+                 WFIRST=quant and not w8a8 and not late_scale and weight_first, TMA=tma, ACT=0)  # ACT 0: SwiGLU
     const.update((n, 1) for n in fn.arg_names if n in UNIT_STRIDES)
     wt = {"bf16": "bf16", "int8": "i8", "fp8": "fp8e4nv"}[weights]
     ptrs = {"w_ptr": f"*{wt}", "s_ptr": "*fp32", "as_ptr": "*fp32"}
@@ -143,7 +143,7 @@ def _decode_up(wtype: str, *, block_i: int = 32, block_h: int = 128, stages: int
     _check_compiled(fn)
     q, w8a8 = wtype != "*bf16", xtype == "*fp8e4nv"
     const = dict(SBR=1, SBC=1 << 20, QUANT=q, W8A8=w8a8, LATE_SCALE=q, BLOCK_M=16, BLOCK_I=block_i, BLOCK_H=block_h,
-                 BLOCK_E=64, CHUNK_N=16, NUM_STAGES=stages, PDL=False, NS=0)
+                 BLOCK_E=64, CHUNK_N=16, NUM_STAGES=stages, PDL=False, NS=0, ACT=0)
     h = "*fp16" if xtype == "*fp16" else "*bf16"
     ptrs = {"gu_ptr": wtype, "gs_ptr": "*fp32", "x_ptr": xtype, "h_ptr": h, "xs_ptr": "*fp32"}
     return fn, _signature(fn, const, ptrs), const
@@ -255,7 +255,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
         ("route", routing._route_kernel, dict(K=8, MODE=0, HAS_BIAS=False, RENORM=False, GROUPS=1,
                                               GROUP_SIZE=64, TOPK_GROUP=1, BLOCK_T=1, BLOCK_E=64, BLOCK_K=8,
                                               BLOCK_G=1)),
-        ("decode up", gemv_kernels._up_swiglu_kernel, dict(dec, BLOCK_I=32, BLOCK_H=256)),
+        ("decode up", gemv_kernels._up_swiglu_kernel, dict(dec, BLOCK_I=32, BLOCK_H=256, ACT=0)),
         ("decode down", gemv_kernels._down_kernel, dict(dec, BLOCK_HO=32, BLOCK_I=128)),
         ("combine", combine._combine_kernel, dict(TOP_K=8, HAS_IDS=True, BLOCK_H=1024, NS=0)),
         ("router_topk", fused_moe._router_topk_kernel, dict(K=8, RENORM=False, BLOCK_E=64, BLOCK_H=128,
@@ -265,7 +265,7 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
         ("sort histogram", sort._block_histogram_kernel, dict(K=8, BLOCK_N=64, BLOCK_E=64, CHUNK=32)),
         ("sort scan", sort._scan_blocks_kernel, dict(BLOCK_B=64, BLOCK_E2=32)),
         ("sort scatter", sort._scatter_kernel, dict(K=8, BLOCK_M=64, BLOCK_N=64, BLOCK_E=32, CHUNK=32)),
-        ("grouped up", grouped_kernels._up_swiglu_kernel, dict(gemm, TOP_K=8)),
+        ("grouped up", grouped_kernels._up_swiglu_kernel, dict(gemm, TOP_K=8, ACT=0)),
         ("grouped down", grouped_kernels._down_kernel, gemm),
     ]
 

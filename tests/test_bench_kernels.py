@@ -100,14 +100,14 @@ def test_shared_as_experts_splits_the_shared_mlp_exactly():
     """n = S / I chunks of the shared SwiGLU, summed, are the shared expert (fp32, same inputs);
     S not a multiple of I is refused; a gated shared expert (Qwen2-MoE) never rides along."""
     from dispatch.moe import shared_rides_along
-    from dispatch.reference import shared_as_experts, shared_reference, swiglu_expert
+    from dispatch.reference import gated_expert, shared_as_experts, shared_reference
 
     cfg = CFGS["shared_2I"]
     w = random_weights(cfg, seed=7)
     x = torch.randn(5, cfg.H, generator=torch.Generator().manual_seed(8))
     gate_up, down = shared_as_experts(w.shared_gate_up_2SH, w.shared_down_HS, cfg.I)
     assert gate_up.shape == (2, 2 * cfg.I, cfg.H) and down.shape == (2, cfg.H, cfg.I)
-    y = sum(swiglu_expert(x, gate_up[j], down[j]) for j in range(2))
+    y = sum(gated_expert(x, gate_up[j], down[j]) for j in range(2))
     torch.testing.assert_close(y, shared_reference(x, cfg, w), rtol=1e-5, atol=1e-6)
     w48 = random_weights(CFGS["shared"], seed=7)
     with pytest.raises(ValueError, match="multiple of I"):

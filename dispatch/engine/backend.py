@@ -11,7 +11,9 @@ top_k_weights [T, K])`` looks up ``config._experts_implementation`` in the class
     model.set_experts_implementation("dispatch")          # or switch a loaded model
 
 The router, the shared experts and everything else stay transformers' own; only the routed
-experts change. Paths, picked per call by token count and device (:func:`experts_path`):
+experts change; their gated activation is the model's ``hidden_act`` (SwiGLU, GeGLU exact or tanh:
+:mod:`dispatch.activations`; another is a ValueError). Paths, picked per call by token count and
+device (:func:`experts_path`):
 
     CUDA           T <= the shape's crossover (``tiles.resolve("crossover", ...)``: the tuned
                    table's, else DECODE_MAX_TOKENS): ``moe_decode`` (grouped GEMV); above: ``moe_experts``
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from dispatch import activations
 from dispatch.kernels import tiles
 from dispatch.kernels.tiles import DECODE_MAX_TOKENS
 
@@ -52,9 +55,7 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
             or not getattr(self, "has_gate", True) or not getattr(self, "is_concatenated", True):
         raise ValueError(f"{type(self).__name__}: the dispatch experts need concatenated [gate; up] "
                          "weights [E, 2I, H], untransposed, without biases")
-    act = getattr(self.config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"the dispatch experts are SwiGLU: hidden_act must be 'silu', got {act!r}")
+    act = activations.from_hf(getattr(self.config, "hidden_act", "silu")).name  # SwiGLU, GeGLU; else ValueError
     x_TH, gate_up, down = hidden_states, self.gate_up_proj, self.down_proj
     crossover = DECODE_MAX_TOKENS
     if x_TH.is_cuda:  # the shape's tuned crossover (a cached lookup)
@@ -65,14 +66,14 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     if path == "reference":
         from dispatch.reference import experts_reference
 
-        return experts_reference(x_TH, top_k_weights.to(x_TH.dtype), top_k_index, gate_up, down)
+        return experts_reference(x_TH, top_k_weights.to(x_TH.dtype), top_k_index, gate_up, down, activation=act)
     if path == "decode":
         from dispatch.kernels.gemv import moe_decode
 
-        return moe_decode(x_TH, top_k_weights, top_k_index, gate_up, down)
+        return moe_decode(x_TH, top_k_weights, top_k_index, gate_up, down, activation=act)
     from dispatch.kernels.grouped_gemm import moe_experts
 
-    return moe_experts(x_TH, top_k_weights, top_k_index, gate_up, down)
+    return moe_experts(x_TH, top_k_weights, top_k_index, gate_up, down, activation=act)
 
 
 def register() -> None:

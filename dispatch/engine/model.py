@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dispatch import families
+from dispatch import activations, families
 from dispatch.config import MoEConfig, MoEWeights
 from dispatch.engine.quant import QuantLayer, quantized_layer
 from dispatch.kernels.attention import decode_attention
@@ -61,6 +61,7 @@ class LeanConfig:
     eps: float
     qk_norm: str  # "none" | "full" (over all heads, OLMoE) | "head" (per head, Qwen3)
     sliding_window: int | None = None  # attention span, if the family limits it (Mixtral, Qwen)
+    activation: str = "silu"  # the MLPs' gated activation (dispatch.activations): the model's hidden_act
 
 
 class LeanModel(torch.nn.Module):
@@ -109,8 +110,9 @@ class LeanModel(torch.nn.Module):
         window = getattr(c, "sliding_window", None)
         if c.model_type != "mixtral" and not getattr(c, "use_sliding_window", False):
             window = None
+        act = activations.from_hf(getattr(c, "hidden_act", "silu")).name
         cfg = LeanConfig(c.model_type, c.num_hidden_layers, c.hidden_size, heads, kv, head_dim, c.vocab_size,
-                         float(c.rms_norm_eps), qk, window)
+                         float(c.rms_norm_eps), qk, window, act)
         layers, moe_cfgs, quantized = [], [], dict(quantized or {})
         with torch.no_grad():
             for idx, layer in enumerate(base.layers):
@@ -164,7 +166,7 @@ class LeanModel(torch.nn.Module):
             return d["quant"](x_TH, self.moe_path)
         if "mlp" in d:
             g, u, dn = d["mlp"]
-            return F.linear(F.silu(F.linear(x_TH, g)) * F.linear(x_TH, u), dn)
+            return F.linear(activations.gated(F.linear(x_TH, g), F.linear(x_TH, u), self.cfg.activation), dn)
         cfg, w = self.moe_cfgs[i], d["moe"]
         fused = "fused_router" in families.get(cfg.scoring).fast_paths  # its family has the batch-1 router
         if self.fused_moe and self.moe_path in ("auto", "decode") and x_TH.shape[0] == 1 and fused:
@@ -172,7 +174,7 @@ class LeanModel(torch.nn.Module):
             from dispatch.reference import shared_reference
 
             weights_TK, ids_TK = router_topk(x_TH, w.router_EH, cfg)  # batch 1: 3 launches, not 5
-            y_TH = moe_decode_1(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI)
+            y_TH = moe_decode_1(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI, activation=cfg.activation)
             shared_TH = shared_reference(x_TH, cfg, w)
             return y_TH if shared_TH is None else y_TH + shared_TH
         from dispatch.moe import moe

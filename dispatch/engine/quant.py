@@ -75,13 +75,14 @@ class QuantLayer:
             if self._dequantized is None:  # once: the CPU reference reads the dequantized weights
                 self._dequantized = self.qe.dequantize(x_TH.dtype)
             weights_TK, ids_TK = route_reference(router_logits(x_TH, self.cfg, self.w), self.cfg, self.w.bias_E)
-            y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, *self._dequantized)
+            y_TH = experts_reference(x_TH, weights_TK.to(x_TH.dtype), ids_TK, *self._dequantized,
+                                     activation=self.cfg.activation)
         else:
             from dispatch.kernels.routing import route
             from dispatch.moe import kernel_router_logits
             from dispatch.quant.modules import quantized_forward
 
             weights_TK, ids_TK = route(kernel_router_logits(x_TH, self.cfg, self.w), self.cfg, self.w.bias_E)
-            y_TH = quantized_forward(self.qe, x_TH, ids_TK, weights_TK, w8a8=self.w8a8)
+            y_TH = quantized_forward(self.qe, x_TH, ids_TK, weights_TK, w8a8=self.w8a8, activation=self.cfg.activation)
         shared_TH = shared_reference(x_TH, self.cfg, self.w)
         return y_TH if shared_TH is None else y_TH + shared_TH

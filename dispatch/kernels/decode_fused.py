@@ -100,7 +100,7 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
                          BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HO: tl.constexpr, BLOCK_ID: tl.constexpr, BLOCK_E: tl.constexpr,
                          CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr, KP: tl.constexpr,
-                         BLOCK_T: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr = False):
+                         BLOCK_T: tl.constexpr, PDL: tl.constexpr, ACT: tl.constexpr, TRACE: tl.constexpr = False):
     """Every up and down item, by ticket (the module's docstring); TRACE: row ``ticket`` of trace_ptr."""
     pdl_enter(PDL)
     count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
@@ -117,7 +117,7 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
             slot = _up_item(item, tiles_u, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                             s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, x_ptr, 0,
                             G_SBR, G_SBC, G_QUANT, False, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N,
-                            NUM_STAGES, NS)
+                            NUM_STAGES, NS, ACT)
             tl.debug_barrier()  # every thread's h stores precede the release
             tl.atomic_add(slot_ptr + slot, 1, sem="release")
         else:
@@ -191,6 +191,6 @@ def fused_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> tor
         **weight_consts(op),
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
         BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),
-        BLOCK_T=min(16, triton.next_power_of_2(T)), num_warps=cfg.num_warps, TRACE=trace is not None,
+        BLOCK_T=min(16, triton.next_power_of_2(T)), ACT=op.ACT, num_warps=cfg.num_warps, TRACE=trace is not None,
         **pdl.launch_kw(x_TH.device, late=True))
     return y_TH

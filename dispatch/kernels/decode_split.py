@@ -143,7 +143,7 @@ def _split_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
                          BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HO: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr,
                          NUM_STAGES: tl.constexpr, NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
-                         PDL: tl.constexpr, TRACE: tl.constexpr = False):
+                         PDL: tl.constexpr, ACT: tl.constexpr, TRACE: tl.constexpr = False):
     """Split items, then reduce items, by ticket (the module's docstring). ws[0]: the ticket, ws[1]:
     programs that have left, ws[2]: split items done. TRACE: row ``ticket``, kind 2 split / 3 reduce."""
     pdl_enter(PDL)
@@ -157,7 +157,7 @@ def _split_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
             _up_item(ticket, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                      s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, x_ptr, 0,
                      G_SBR, G_SBC, G_QUANT, False, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N,
-                     NUM_STAGES, NS)
+                     NUM_STAGES, NS, ACT)
             tl.debug_barrier()  # the tile's h, stored by every thread, is read back below
             _partial_item(ticket, tiles, count_E, slot_E, h_ptr, ids_ptr, dn_ptr, ds_ptr, p_ptr, N, K, E, H, I,
                           s_it, s_ik, s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, sdn_ptr, s_sdh,
@@ -195,5 +195,6 @@ def split_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> tor
         **weight_consts(op),
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_E=op.BLOCK_E,
         CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, BLOCK_T=min(16, triton.next_power_of_2(T)),
-        BLOCK_R=R_COLS, num_warps=cfg.num_warps, TRACE=trace is not None, **pdl.launch_kw(x_TH.device, late=True))
+        BLOCK_R=R_COLS, ACT=op.ACT, num_warps=cfg.num_warps, TRACE=trace is not None,
+        **pdl.launch_kw(x_TH.device, late=True))
     return y_TH

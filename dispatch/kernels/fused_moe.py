@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from dispatch import (
+    activations,
     families,
     runtime,  # noqa: F401  (sets TRITON_INTERPRET before triton loads)
 )
@@ -122,8 +123,8 @@ def _down_combine_kernel(h_ptr, ids_ptr, w_ptr, dn_ptr, y_ptr, E, H, I, s_de, s_
     pdl_exit(PDL)
 
 
-def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tensor:
-    """One token's routed experts in two launches: up+SwiGLU, then down × weight summed over k."""
+def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI, *, activation: str = "silu") -> torch.Tensor:
+    """One token's routed experts in two launches: up + the gated activation, then down × weight summed over k."""
     from dispatch.checks import check_experts_inputs
 
     T, K, E, H, I = check_experts_inputs(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI)
@@ -142,7 +143,8 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI) -> torch.Tens
         gate_up_E2IH, 0, x_1H, 0, trace_ptr=x_1H, NS=0,  # no shared expert, activation scales or trace
         SBR=1, SBC=1, QUANT=False, W8A8=False, LATE_SCALE=False,  # unquantized weights; no scales
         BLOCK_M=16, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_kw(x_1H.device, late=True))
+        NUM_STAGES=cfg.num_stages, ACT=activations.get(activation).code, num_warps=cfg.num_warps,
+        **pdl.launch_kw(x_1H.device, late=True))
     y_1H = torch.empty_like(x_1H)
     # one program per 8 rows of H (OLMoE: 256 programs, ~2 per SM), each streaming its rows of all K experts
     block_ho, block_i = (8, min(256, triton.next_power_of_2(I))) if x_1H.is_cuda else (16, cfg.block_id)

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 import triton
 from torch.library import custom_op
 
+from dispatch import activations
 from dispatch.checks import check_experts_inputs, check_launch, check_tensor, no_backward, via_op
 from dispatch.kernels import decode_fused, decode_split, pdl, tiles
 from dispatch.kernels import trace as trace_rows
@@ -47,17 +48,18 @@ from dispatch.kernels.combine import combine_impl, combine_torch
 from dispatch.kernels.gemv_kernels import _down_kernel, _up_swiglu_kernel
 from dispatch.kernels.quant_kernels import weight_operand
 from dispatch.kernels.tiles import DecodeConfig
-from dispatch.reference import shared_as_experts, swiglu, swiglu_expert
+from dispatch.reference import gated_act, gated_expert, shared_as_experts
 
 
 def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None, config: DecodeConfig | None = None,
-               check_ids: bool = False) -> torch.Tensor:
+               check_ids: bool = False, activation: str = "silu") -> torch.Tensor:
     """The routed experts for a few tokens: y_TH = Σ_k weights_TK[t,k] · expert_{ids_TK[t,k]}(x_t).
 
     Same meaning as :func:`dispatch.reference.experts_reference`. Three launches (or, with
     ``config.fused``, the same items in one: :mod:`dispatch.kernels.decode_fused`; with ``config.split``,
     one launch of split items: :mod:`dispatch.kernels.decode_split`), no host sync
-    (CUDA-graph capturable): up+SwiGLU → down × weight → the k-order combine (fp32, cast once).
+    (CUDA-graph capturable): up + the gated activation (``activation``: :mod:`dispatch.activations`,
+    SwiGLU by default) → down × weight → the k-order combine (fp32, cast once).
     Registered as ``torch.ops.dispatch.moe_decode`` (``torch.compile`` keeps it whole; no backward).
     ``shared=(shared_gate_up_2SH, shared_down_HS)``: plus an ungated shared expert, S a multiple of I,
     run as S / I more experts of the same kernels (:func:`dispatch.reference.shared_reference`'s meaning).
@@ -75,12 +77,13 @@ def moe_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None,
     if config is not None and not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a DecodeConfig (tiles of the decode kernels), got {type(config).__name__}")
     sgu, sdn = check_shared(shared, x_TH, I)
+    act = activations.get(activation).code
     check_launch("moe_decode", x_TH)
     # no config: the tile policy picks one inside the op, where torch.compile does not trace it
     tile_ints = list(astuple(config)) if config is not None else []
     op = torch.ops.dispatch.moe_decode if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI, sgu, sdn) \
         else _moe_decode_impl
-    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, sgu, sdn, tile_ints)
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, sgu, sdn, tile_ints, act)
 
 
 def check_shared(shared, x_TH, I: int):  # noqa: E741
@@ -105,11 +108,12 @@ def check_shared(shared, x_TH, I: int):  # noqa: E741
 
 def _moe_decode_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
                      down_EHI: torch.Tensor, shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None,
-                     tile_ints: list[int]) -> torch.Tensor:
+                     tile_ints: list[int], act: int) -> torch.Tensor:
     shared = None if shared_gate_up is None else (shared_gate_up, shared_down)
     cfg = DecodeConfig(*tile_ints) if tile_ints else \
         decode_tiles(x_TH, ids_TK.shape[1], gate_up_E2IH.shape[0], down_EHI.shape[2], shared)
-    return run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared)
+    return run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared,
+                      activation=activations.by_code(act).name)
 
 
 def decode_tiles(x_TH, K: int, E: int, I: int, shared=None) -> DecodeConfig:  # noqa: E741
@@ -120,19 +124,22 @@ def decode_tiles(x_TH, K: int, E: int, I: int, shared=None) -> DecodeConfig:  # 
 
 
 def run_decode(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
-               act=None, trace: list | None = None) -> torch.Tensor:
+               act=None, trace: list | None = None, activation: str = "silu") -> torch.Tensor:
     """y_TH with tiles ``cfg`` (inputs already checked; weights maybe quantized): three launches, or with
     ``cfg.fused`` one (:mod:`dispatch.kernels.decode_fused`), with ``cfg.split`` one of split items
     (:mod:`dispatch.kernels.decode_split`); ``act``: fp8 activations, three (:func:`decode_rows`).
-    ``trace`` (a list; GPU only): each expert kernel's (name, :mod:`dispatch.kernels.trace` rows) appended."""
+    ``trace`` (a list; GPU only): each expert kernel's (name, :mod:`dispatch.kernels.trace` rows) appended;
+    ``activation``: the gated activation (:mod:`dispatch.activations`)."""
     (T, H), E, I = x_TH.shape, gate_up_E2IH.shape[0], down_EHI.shape[2]  # noqa: E741
     if (cfg.fused or cfg.split) and act is None:  # one launch
         if T == 0 or E == 0:
             return torch.zeros(T, H, dtype=x_TH.dtype, device=x_TH.device)
         launch = decode_fused.fused_launch if cfg.fused else decode_split.split_launch
-        return launch(_operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared), weights_TK, ids_TK, E, I, cfg, trace)
+        op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared, activation)
+        return launch(op, weights_TK, ids_TK, E, I, cfg, trace)
     ns = n_shared(shared, I)
-    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared, act=act, trace=trace)
+    out_NH = decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg, shared=shared, act=act, trace=trace,
+                         activation=activation)
     # rows with an id outside [0, E) were never written: the combine selects them away
     return combine_impl(out_NH, ids_TK.shape[1], ids_TK, gate_up_E2IH.shape[0], x_TH.dtype, extra=ns)
 
@@ -145,7 +152,7 @@ def n_shared(shared, I: int) -> int:  # noqa: E741
 class _Operands(NamedTuple):
     """What both launch paths pass their kernels: x with a contiguous last dim, each weight as
     :func:`~dispatch.kernels.quant_kernels.weight_operand` gives it, the shared weights (or stand-ins
-    never read), n shared experts, N routed rows, and the grouping's block sizes."""
+    never read), n shared experts, N routed rows, the grouping's block sizes and the activation's code."""
 
     x_TH: torch.Tensor
     gate_up: tuple  # (weights or codes, scales, scale strides, constexprs)
@@ -156,9 +163,10 @@ class _Operands(NamedTuple):
     N: int
     BLOCK_E: int
     CHUNK_N: int
+    ACT: int
 
 
-def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared) -> _Operands:
+def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared, activation: str = "silu") -> _Operands:
     (T, _), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
     sgu, sdn = shared if shared is not None else (None, None)
     ns = n_shared(shared, I)
@@ -172,11 +180,11 @@ def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared) -> _Operands:
     N = T * (K + ns)
     BLOCK_E = max(16, triton.next_power_of_2(E + ns))
     CHUNK_N = max(16, min(triton.next_power_of_2(N), 8192 // BLOCK_E))
-    return _Operands(x_TH, gate_up, down, sgu, sdn, ns, N, BLOCK_E, CHUNK_N)
+    return _Operands(x_TH, gate_up, down, sgu, sdn, ns, N, BLOCK_E, CHUNK_N, activations.get(activation).code)
 
 
 def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeConfig, *, shared=None,
-                act=None, trace: list | None = None) -> torch.Tensor:
+                act=None, trace: list | None = None, activation: str = "silu") -> torch.Tensor:
     """The first two launches of :func:`moe_decode` (inputs already checked): → out_NH [T·K, H] fp32,
     row t·K + k = weights_TK[t, k] · expert_{ids_TK[t, k]}(x_t); rows with an id outside [0, E) are left
     unwritten (expert parallelism sums them elsewhere, or never). The weights may be quantized
@@ -188,7 +196,7 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
     if T == 0 or E == 0:
         ns = n_shared(shared, I)
         return torch.zeros(T * (K + ns), H, dtype=torch.float32, device=x_TH.device)
-    op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared)
+    op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared, activation)
     (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
     x_TH, sgu, sdn, ns, N = op.x_TH, op.sgu, op.sdn, op.ns, op.N
     slots = min(E + ns, N)  # at most this many distinct experts are used
@@ -202,7 +210,7 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
         xq.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
         sgu, sgu.stride(0), xs, xs.stride(0), tr_up, W8A8=act is not None, **g_const, TRACE=trace is not None,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, ACT=op.ACT, **pdl.launch_kw(x_TH.device, late=True))
     hq, hs = act(h_NI) if act else (h_NI, h_NI)
     _down_kernel[(cfg.grid(slots, tiles_d),)](
         hq, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
@@ -218,14 +226,15 @@ _moe_decode_op = custom_op("dispatch::moe_decode", _moe_decode_impl, mutates_arg
 
 
 @_moe_decode_op.register_fake
-def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, shared_gate_up, shared_down, tile_ints):
+def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, shared_gate_up, shared_down, tile_ints, act):
     return torch.empty_like(x_TH)
 
 
 no_backward(_moe_decode_op, "dispatch.kernels.gemv.moe_decode")
 
 
-def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None) -> torch.Tensor:
+def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared=None,
+                     activation: str = "silu") -> torch.Tensor:
     """Plain-PyTorch twin of :func:`moe_decode`: the same grouping and the same roundings.
 
     Rows grouped by expert (each used expert's weights read once); products accumulated in fp32;
@@ -236,17 +245,18 @@ def moe_decode_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, shared
     T, K, E, H, I = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
     sgu, sdn = check_shared(shared, x_TH, I)
     if sgu is None:
-        return by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI)
+        return by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, activation=activation)
     gu, dn = shared_as_experts(sgu, sdn, I)
     n = gu.shape[0]
     ids = torch.where((ids_TK >= 0) & (ids_TK < E), ids_TK.long(), -1)  # must not alias a shared expert
     ids = torch.cat([ids, torch.arange(E, E + n, device=ids.device).expand(T, n)], dim=1)
     weights = torch.cat([weights_TK, weights_TK.new_ones(T, n)], dim=1)
-    return by_expert_torch(x_TH, weights, ids, torch.cat([gate_up_E2IH, gu]), torch.cat([down_EHI, dn]))
+    return by_expert_torch(x_TH, weights, ids, torch.cat([gate_up_E2IH, gu]), torch.cat([down_EHI, dn]),
+                           activation=activation)
 
 
 def by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, act=None,
-                    row_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                    row_dtype: torch.dtype = torch.float32, activation: str = "silu") -> torch.Tensor:
     """The twins' shared body (inputs already checked): per used expert, ``act(a)`` of each matmul
     input (default ``a.float()``) times the fp32 weights; h rounded to x's dtype; weighted routed
     rows stored in ``row_dtype``, then summed over k in order in fp32 and cast once to x's dtype.
@@ -260,12 +270,12 @@ def by_expert_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, act=Non
         if not 0 <= e < E:
             continue
         rows = torch.nonzero(ids_N == e).flatten()
-        h_MI = swiglu(F.linear(act(x_TH[rows // K]), gate_up_E2IH[e].float())).to(x_TH.dtype)
+        h_MI = gated_act(F.linear(act(x_TH[rows // K]), gate_up_E2IH[e].float()), activation).to(x_TH.dtype)
         out_NH[rows] = F.linear(act(h_MI), down_EHI[e].float()) * weights_TK.reshape(-1)[rows, None].float()
     return combine_torch(out_NH.to(row_dtype), K, ids_TK=ids_TK, num_experts=E, dtype=x_TH.dtype)
 
 
-def decode_loop_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch.Tensor:
+def decode_loop_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, activation: str = "silu") -> torch.Tensor:
     """The naive decode step: for every token, for every k, run its expert on that one row.
 
     Reads an expert's weights once per (token, k) that chose it: T·K expert-sized reads.
@@ -278,7 +288,8 @@ def decode_loop_torch(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI) -> torch
             e = int(ids_TK[t, k])
             if not 0 <= e < E:
                 continue
-            y_TH[t] += (swiglu_expert(x_TH[t:t + 1], gate_up_E2IH[e], down_EHI[e])[0] * weights_TK[t, k]).float()
+            y_TH[t] += (gated_expert(x_TH[t:t + 1], gate_up_E2IH[e], down_EHI[e], activation)[0]
+                        * weights_TK[t, k]).float()
     return y_TH.to(x_TH.dtype)
 
 

@@ -21,7 +21,7 @@ own tensors (``sgu_ptr`` [2S, H], ``sdn_ptr`` [H, S]). ``NS = 0`` compiles to th
 import triton
 import triton.language as tl
 
-from dispatch.kernels.helpers import swiglu
+from dispatch.kernels.helpers import gated
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qdot, _qfma
 from dispatch.kernels.trace import record, stamp
@@ -128,10 +128,11 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
              s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs,
              SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-             BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):
+             BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr,
+             ACT: tl.constexpr):
     """Up item (slot, I tile) = divmod(item, tiles): h_NI[rows of the slot's expert, the I tile] =
-    silu(x @ gate.T) * (x @ up.T); its gate/up rows streamed once. W8A8: x holds fp8 codes, xs_ptr
-    their scales (per token and 128 columns). Returns the slot."""
+    act(x @ gate.T) * (x @ up.T) (``ACT``: :mod:`dispatch.activations`); its gate/up rows streamed once.
+    W8A8: x holds fp8 codes, xs_ptr their scales (per token and 128 columns). Returns the slot."""
     slot = item // tiles
     e, count = _slot_expert(count_E, slot_E, slot, BLOCK_E)
     s_e = gs_ptr + e.to(tl.int64) * s_se  # this expert's scales (QUANT only)
@@ -168,7 +169,7 @@ def _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr
                              W8A8, LATE_SCALE)  # before the SwiGLU
         acc_u = _late_scales(_tile_out(acc_u, BLOCK_M), s_e, I + offs_i, mask_i, s_sr, s_sc, SBR, SBC, QUANT,
                              W8A8, LATE_SCALE)
-        h_MI = swiglu(acc_g, acc_u)
+        h_MI = gated(acc_g, acc_u, ACT)
         h_out = h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :]
         tl.store(h_out, h_MI.to(h_ptr.dtype.element_ty), mask=valid_M[:, None] & mask_i[None, :])
     return slot
@@ -220,7 +221,7 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                       LATE_SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      PDL: tl.constexpr, NS: tl.constexpr, TRACE: tl.constexpr = False):
+                      PDL: tl.constexpr, NS: tl.constexpr, ACT: tl.constexpr, TRACE: tl.constexpr = False):
     """Every up item; grid (G,): items (slot, I tile), slot-major; program p does items p, p + G, ...
     TRACE: each item's SM, program and times in row ``item`` of trace_ptr (:mod:`dispatch.kernels.trace`)."""
     pdl_enter(PDL)  # the expert ids come from the kernel before: nothing to read ahead of them
@@ -230,7 +231,7 @@ def _up_swiglu_kernel(x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
         t0 = stamp(TRACE)
         _up_item(item, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
                  s_xt, s_it, s_ik, s_ge, s_gi, s_se, s_sr, s_sc, s_hn, sgu_ptr, s_sgi, xs_ptr, s_xs, SBR, SBC,
-                 QUANT, W8A8, LATE_SCALE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+                 QUANT, W8A8, LATE_SCALE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS, ACT)
         record(trace_ptr, item, 0, t0, TRACE)
     pdl_exit(PDL)
 

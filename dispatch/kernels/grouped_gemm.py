@@ -19,6 +19,7 @@ import torch
 import triton
 from torch.library import custom_op
 
+from dispatch import activations
 from dispatch.checks import check_experts_inputs, check_launch, no_backward, via_op
 from dispatch.kernels import pdl, tiles, tma
 from dispatch.kernels.combine import combine_impl
@@ -26,7 +27,7 @@ from dispatch.kernels.grouped_kernels import _down_kernel, _down_tile, _swizzle,
 from dispatch.kernels.quant_kernels import fp8_rows, weight_first, weight_operand
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import GemmConfig
-from dispatch.reference import swiglu
+from dispatch.reference import gated_act
 
 
 def _even_k(kdim_name):
@@ -77,8 +78,9 @@ def _check_routes(routes, n_rows: int, block_m: int | None = None):
 
 
 def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmConfig | None = None,
-                      w8a8: bool = False) -> torch.Tensor:
-    """Up-projection of every sorted slot with SwiGLU fused: → h_PI (x's dtype; padding slots → 0).
+                      w8a8: bool = False, activation: str = "silu") -> torch.Tensor:
+    """Up-projection of every sorted slot with the gated activation fused (``activation``:
+    :mod:`dispatch.activations`, SwiGLU by default): → h_PI (x's dtype; padding slots → 0).
 
     x_TH [T, H] (any strides), routes from ``sort_by_expert(ids_TK, E, block_m)``,
     gate_up_E2IH [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up). Slots of unused blocks are left unwritten.
@@ -102,6 +104,7 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
     if T == 0 or N % T:
         raise ValueError(f"routes describe N={N} routed rows, not a multiple of T={T} tokens (need T > 0)")
     top_k = N // T
+    act = activations.get(activation).code
     bm = _check_routes(routes, N, config.block_m if config else None)
     P, B = routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
@@ -111,7 +114,7 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
             *a.stride(), *w.stride(), *h_PI.stride(), s, *s_strides, a_s, s_as)
     _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
             (T, top_k, E, H, I, x_TH.dtype, x_TH.device), {"w_desc": (tma.rows_view(w), "n")}, TOP_K=top_k,
-            **quant, W8A8=w8a8, WFIRST=weight_first(quant, w8a8))
+            **quant, W8A8=w8a8, WFIRST=weight_first(quant, w8a8), ACT=act)
     return h_PI
 
 
@@ -153,8 +156,9 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
 
 
 def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: GemmConfig | None = None,
-                configs: tuple[GemmConfig, GemmConfig] | None = None, check_ids: bool = False) -> torch.Tensor:
-    """The routed experts: sort → grouped up+SwiGLU → grouped down×weight → combine.  → y_TH [T, H].
+                configs: tuple[GemmConfig, GemmConfig] | None = None, check_ids: bool = False,
+                activation: str = "silu") -> torch.Tensor:
+    """The routed experts: sort → grouped up + gated activation → grouped down×weight → combine → y_TH [T, H].
 
     Same math as ``reference.experts_reference``; fp32 accumulation everywhere, a token's K
     contributions summed in k order. ``config`` pins all tile sizes (rows then do not depend on
@@ -162,6 +166,7 @@ def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Gem
     each kernel's own (same block_m). Default: :func:`dispatch.kernels.tiles.resolve`. Ids outside
     [0, E) add nothing (``check_ids=True``: raise instead, one host sync); see :mod:`dispatch.checks`.
     Registered as ``torch.ops.dispatch.moe_experts`` (``torch.compile`` keeps it whole; no backward).
+    ``activation``: the experts' gated activation (:mod:`dispatch.activations`; SwiGLU by default).
     """
     check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)
     if config is not None and configs is not None:
@@ -172,14 +177,15 @@ def moe_experts(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, config: Gem
             raise ValueError(f"config must be a GemmConfig and configs a pair (up, down) of them, got {pinned!r}")
         if pinned[0].block_m != pinned[1].block_m:
             raise ValueError(f"up and down configs must share block_m, got {pinned[0].block_m} and {pinned[1].block_m}")
+    act = activations.get(activation).code
     check_launch("moe_experts", x_TH)
     tile_ints = [v for c in pinned for v in dataclasses.astuple(c)] if pinned is not None else None
     op = torch.ops.dispatch.moe_experts if via_op(x_TH, weights_TK, gate_up_E2IH, down_EHI) else _moe_experts_impl
-    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints)
+    return op(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints, act)
 
 
 def _moe_experts_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, gate_up_E2IH: torch.Tensor,
-                      down_EHI: torch.Tensor, tile_ints: list[int] | None) -> torch.Tensor:
+                      down_EHI: torch.Tensor, tile_ints: list[int] | None, act: int) -> torch.Tensor:
     """The launches behind :func:`moe_experts` (inputs checked; ``tile_ints``: up then down config, or None)."""
     (T, H), (K, E) = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0])
     if T == 0:
@@ -189,7 +195,7 @@ def _moe_experts_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torc
     up, down = tiles.resolve("grouped", (T, K, E, H, down_EHI.shape[2]), x_TH.dtype, x_TH.device,
                              config=configs).config
     routes = sort_by_expert(ids_TK, E, up.block_m)
-    h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=up)
+    h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=up, activation=activations.by_code(act).name)
     out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=down)
     return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)
 
@@ -198,7 +204,7 @@ _moe_experts_op = custom_op("dispatch::moe_experts", _moe_experts_impl, mutates_
 
 
 @_moe_experts_op.register_fake
-def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints):
+def _(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, tile_ints, act):
     return torch.empty_like(x_TH)
 
 
@@ -207,11 +213,11 @@ no_backward(_moe_experts_op, "dispatch.kernels.grouped_gemm.moe_experts")
 
 # ---- plain-PyTorch twins (what the kernels compute, slot by slot) ----
 
-def grouped_up_swiglu_torch(x_TH, routes, gate_up_E2IH) -> torch.Tensor:
+def grouped_up_swiglu_torch(x_TH, routes, gate_up_E2IH, *, activation: str = "silu") -> torch.Tensor:
     """Twin of :func:`grouped_up_swiglu`: h_PI with padding slots (and unused blocks) zero.
 
     One expert at a time (its weights used in place, never copied per row): fp32 products,
-    SwiGLU in fp32, one rounding to x's dtype, as the kernel does.
+    the gated activation in fp32, one rounding to x's dtype, as the kernel does.
     """
     T, H = x_TH.shape
     N, P, B = routes.slot_of_N.numel(), routes.sorted_rows_P.numel(), routes.block_expert_B.numel()
@@ -222,7 +228,8 @@ def grouped_up_swiglu_torch(x_TH, routes, gate_up_E2IH) -> torch.Tensor:
     valid_P = (rows_P < N) & (e_P >= 0)
     for e in torch.unique(e_P[valid_P]).tolist():
         slots = torch.nonzero(valid_P & (e_P == e)).flatten()
-        h_PI[slots] = swiglu(x_TH[rows_P[slots] // (N // T)].float() @ gate_up_E2IH[e].float().T).to(x_TH.dtype)
+        up_M2I = x_TH[rows_P[slots] // (N // T)].float() @ gate_up_E2IH[e].float().T
+        h_PI[slots] = gated_act(up_M2I, activation).to(x_TH.dtype)
     return h_PI
 
 

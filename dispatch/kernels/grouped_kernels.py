@@ -9,7 +9,7 @@ loads (``w_desc``, ``h_desc``) instead of pointer loads; otherwise those argumen
 import triton
 import triton.language as tl
 
-from dispatch.kernels.helpers import swiglu
+from dispatch.kernels.helpers import gated
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qacc, _qdot, _qout
 
@@ -19,8 +19,9 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
              TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              EVEN_K: tl.constexpr, s_ptr, s_se, s_sr, s_sc, SBR: tl.constexpr, SBC: tl.constexpr,
              QUANT: tl.constexpr, W8A8: tl.constexpr, LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, as_ptr, s_as,
-             w_desc, TMA: tl.constexpr):
-    """One output tile of the up kernel: block pid_b (expert e) × columns pid_n of h.
+             w_desc, TMA: tl.constexpr, ACT: tl.constexpr):
+    """One output tile of the up kernel: block pid_b (expert e) × columns pid_n of h = act(gate) · up
+    (``ACT``: the gated activation's code, :mod:`dispatch.activations`).
 
     ``QUANT``: w_ptr holds 8-bit codes, s_ptr their fp32 scales; ``W8A8``: x_ptr holds fp8 codes too,
     as_ptr their scales (:mod:`dispatch.kernels.quant_kernels`)."""
@@ -67,7 +68,7 @@ def _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh
         sa = _act_scales(as_ptr, t, 0, valid_m, s_as, W8A8)[:, None]
         acc_g *= sa * _block_scales(s_e, offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
         acc_u *= sa * _block_scales(s_e, I + offs_n, 0, mask_n, s_sr, s_sc, SBR, SBC, QUANT)[None, :]
-    h = swiglu(acc_g, acc_u)  # SwiGLU in fp32, in registers
+    h = gated(acc_g, acc_u, ACT)  # the gated activation in fp32, in registers
     h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * s_hp + offs_n[None, :] * s_hi
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask_n[None, :])
 
@@ -94,14 +95,15 @@ def _up_swiglu_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, N, H, I, N_BUCKET
                       TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
-                      LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr, w_desc, TMA: tl.constexpr):
+                      LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr, PDL: tl.constexpr, w_desc, TMA: tl.constexpr,
+                      ACT: tl.constexpr):
     pdl_enter(PDL)  # chapter 6: wait for the sort
     pid_b, pid_n = _swizzle(GROUP_M)
     e = tl.load(bexp_ptr + pid_b).to(tl.int64)
     if e >= 0:  # blocks past the used ones do nothing
         _up_tile(pid_b, pid_n, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                  s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                 s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as, w_desc, TMA)
+                 s_ptr, s_se, s_sr, s_sc, SBR, SBC, QUANT, W8A8, LATE_SCALE, WFIRST, as_ptr, s_as, w_desc, TMA, ACT)
     pdl_exit(PDL)
 
 

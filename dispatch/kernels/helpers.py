@@ -1,7 +1,8 @@
 """The ``@triton.jit`` pieces several kernels share, each written once:
 
-    swiglu(g, u)           the gated activation of a gate/up tile pair, fp32 in registers (the up
-                           kernels' epilogue: grouped GEMM, decode, one launch, split items)
+    gated(g, u, ACT)       the gated activation of a gate/up tile pair, fp32 in registers: SwiGLU,
+                           GeGLU (exact or tanh), the ``ACT`` code of :mod:`dispatch.activations` (the
+                           up kernels' epilogue: grouped GEMM, decode, one launch, split items)
     topk(...)              K passes of "argmax, then mask it out" over rows of expert scores, ties to
                            the lowest expert id, NaN first (the router, the fused batch-1 router)
     routed_ok(...)         which tokens' row k counts: a routed row whose id lies in [0, E) (a bad id
@@ -15,11 +16,25 @@ down kernel) take each row's validity from :func:`routed_ok` and add in the same
 import triton
 import triton.language as tl
 
+from dispatch import activations
+
+# the ACT codes of the gated activations (dispatch.activations holds the numbers)
+GELU = tl.constexpr(activations.get("gelu").code)
+GELU_TANH = tl.constexpr(activations.get("gelu_tanh").code)
+
 
 @triton.jit
-def swiglu(g, u):
-    """silu(g) · u of two fp32 tiles: ``g · sigmoid(g) · u``."""
-    return g * tl.sigmoid(g) * u
+def gated(g, u, ACT: tl.constexpr):
+    """act(g) · u of two fp32 tiles, ``ACT`` the activation's code (:mod:`dispatch.activations`):
+    SILU g · sigmoid(g) (SwiGLU); GELU g · Φ(g) = ½ g (1 + erf(g / √2)); GELU_TANH ½ g (1 + tanh(z)),
+    z = √(2/π) (g + 0.044715 g³), written g · sigmoid(2z) (the same function: Triton has no tanh)."""
+    if ACT == GELU:
+        h = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476)) * u
+    elif ACT == GELU_TANH:
+        h = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g)) * u
+    else:
+        h = g * tl.sigmoid(g) * u
+    return h
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dispatch import runtime
+from dispatch import activations, runtime
 from dispatch.checks import check_experts_inputs, check_launch
 from dispatch.kernels import grouped_gemm as gg
 from dispatch.kernels import tiles
@@ -26,7 +26,7 @@ from dispatch.kernels.sort import sort_by_expert
 def _up_persistent_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, nblocks_ptr, N, H, I,
                           s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi, NUM_PROGS,
                           TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                          BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ACT: tl.constexpr):
     nb = tl.load(nblocks_ptr)
     total = nb * tl.cdiv(I, BLOCK_N)
     for tile in range(tl.program_id(0), total, NUM_PROGS):
@@ -34,7 +34,7 @@ def _up_persistent_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, nblocks_ptr, 
         e = tl.load(bexp_ptr + pid_b).to(tl.int64)
         gg._up_tile(pid_b, tile // nb, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
                     s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                    w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0, w_ptr, False)
+                    w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0, w_ptr, False, ACT)
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _down_persistent_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, 
 
 
 def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None,
-                           check_ids: bool = False):
+                           check_ids: bool = False, activation: str = "silu"):
     """Same contract as ``grouped_gemm.moe_experts`` (bad-id policy included), with persistent up and
     down kernels (a benchmark contestant: not registered as an op). Tiles: ``configs`` = (up, down),
     default :func:`dispatch.kernels.tiles.resolve` (its ``group_m`` is unused here)."""
@@ -71,8 +71,8 @@ def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, 
     _up_persistent_kernel[(G,)](
         x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, routes.num_blocks_1, N, H, I,
         *x_TH.stride(), *gate_up_E2IH.stride(), *h_PI.stride(), G, TOP_K=K, BLOCK_M=cu.block_m,
-        BLOCK_N=cu.block_n, BLOCK_K=cu.block_k, EVEN_K=H % cu.block_k == 0, num_warps=cu.num_warps,
-        num_stages=cu.num_stages)
+        BLOCK_N=cu.block_n, BLOCK_K=cu.block_k, EVEN_K=H % cu.block_k == 0, ACT=activations.get(activation).code,
+        num_warps=cu.num_warps, num_stages=cu.num_stages)
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=x_TH.device, dtype=x_TH.dtype)
     _down_persistent_kernel[(G,)](

@@ -78,7 +78,8 @@ def quant_tiles(x_TH, K: int, experts: QuantizedExperts, w8a8: bool = False) -> 
 
 
 def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
-                     config: DecodeConfig | None = None, check_ids: bool = False) -> torch.Tensor:
+                     config: DecodeConfig | None = None, check_ids: bool = False,
+                     activation: str = "silu") -> torch.Tensor:
     """:func:`dispatch.kernels.gemv.moe_decode` with quantized experts → y_TH [T, H] in x's dtype.
 
     ``experts`` from :func:`dispatch.quant.quantize_experts`, on x's device. ``config`` as for
@@ -109,10 +110,12 @@ def moe_decode_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a
         check_chunk("block_i", cfg.block_i, experts.down)
     if T == 0:
         return x_TH.new_empty(0, H)
-    return run_decode(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg, act=fp8_act if w8a8 else None)
+    return run_decode(x_TH, weights_TK, ids_TK, experts.gate_up, experts.down, cfg, act=fp8_act if w8a8 else None,
+                      activation=activation)
 
 
-def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False):
+def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
+                           activation: str = "silu"):
     """Twin of :func:`moe_decode_quant`: ``moe_decode_torch`` in fp32 on the dequantized weights;
     ``w8a8``: x and h rounded through fp8 per token and 128 columns first, as the kernels see them."""
     gu, dn = stand_ins(x_TH, experts)
@@ -120,8 +123,8 @@ def moe_decode_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, 
     gu_E2IH, down_EHI = experts.dequantize(torch.float32)
     if w8a8:
         return by_expert_torch(x_TH, weights_TK, ids_TK, gu_E2IH, down_EHI,
-                               act=lambda a: fp8_activations(a, W8A8_GROUP))
-    return moe_decode_torch(x_TH.float(), weights_TK, ids_TK, gu_E2IH, down_EHI).to(x_TH.dtype)
+                               act=lambda a: fp8_activations(a, W8A8_GROUP), activation=activation)
+    return moe_decode_torch(x_TH.float(), weights_TK, ids_TK, gu_E2IH, down_EHI, activation=activation).to(x_TH.dtype)
 
 
 def quant_bytes_read(ids_TK: torch.Tensor, experts: QuantizedExperts) -> int:

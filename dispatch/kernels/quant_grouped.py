@@ -31,7 +31,7 @@ from dispatch.quant.formats import QuantizedExperts, fp8_activations
 
 def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
                       config: GemmConfig | tuple[GemmConfig, GemmConfig] | None = None,
-                      check_ids: bool = False) -> torch.Tensor:
+                      check_ids: bool = False, activation: str = "silu") -> torch.Tensor:
     """:func:`dispatch.kernels.grouped_gemm.moe_experts` with quantized experts → y_TH [T, H].
 
     ``w8a8``: fp8 activations too (per token and 128 columns; per token with per-channel weights),
@@ -49,7 +49,7 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     check_launch("moe_experts_quant", x_TH)
     up, down = quant_configs(T, K, E, H, I, x_TH, experts, w8a8, config)
     routes = sort_by_expert(ids_TK, E, up.block_m)
-    h_PI = grouped_up_swiglu(x_TH, routes, experts.gate_up, config=up, w8a8=w8a8)
+    h_PI = grouped_up_swiglu(x_TH, routes, experts.gate_up, config=up, w8a8=w8a8, activation=activation)
     out_NH = grouped_down(h_PI, routes, experts.down, weights_TK, config=down, w8a8=w8a8)
     return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)  # rows with ids outside [0, E): selected away
 
@@ -75,7 +75,8 @@ def quant_configs(T, K, E, H, I, x_TH, experts: QuantizedExperts, w8a8: bool,  #
     return up, down
 
 
-def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False):
+def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8a8: bool = False,
+                            activation: str = "silu"):
     """Twin of :func:`moe_experts_quant`: per expert in fp32 on the dequantized weights; h and the
     routed rows rounded to x's dtype as the kernels store them; w8a8 rounds x and h through fp8
     (:func:`dispatch.quant.formats.fp8_activations`); k-order combine."""
@@ -85,4 +86,5 @@ def moe_experts_quant_torch(x_TH, weights_TK, ids_TK, experts: QuantizedExperts,
     # as the kernels: per token where the weight it meets has one scale a row (LATE_SCALE), else per 128
     t_of = {experts.H: experts.gate_up, experts.I: experts.down}  # H == I: both tensors decide alike
     act = (lambda a: fp8_activations(a, None if t_of[a.shape[1]].per_row else W8A8_GROUP)) if w8a8 else None
-    return by_expert_torch(x_TH, weights_TK, ids_TK, gu_E2IH, down_EHI, act=act, row_dtype=x_TH.dtype)
+    return by_expert_torch(x_TH, weights_TK, ids_TK, gu_E2IH, down_EHI, act=act, row_dtype=x_TH.dtype,
+                           activation=activation)

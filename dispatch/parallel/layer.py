@@ -46,14 +46,16 @@ def pinned_decode_config(device) -> tiles.DecodeConfig:
     return tiles.resolve("decode", None, None, device, pinned=True).config
 
 
-def local_decode(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg: tiles.DecodeConfig) -> torch.Tensor:
+def local_decode(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg: tiles.DecodeConfig, *,
+                 activation: str = "silu") -> torch.Tensor:
     """The decode kernels (few rows) on the received tokens: rows m·K + k with slots_MK < L →
     out_VH [M·K, H] in fp32, weighted (the decode path sums fp32 rows, so they travel in fp32).
     Slot L lies outside [0, L): the kernels never form a group for it."""
-    return decode_rows(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg)
+    return decode_rows(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, cfg, activation=activation)
 
 
-def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: tiles.GemmConfig) -> torch.Tensor:
+def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: tiles.GemmConfig, *,
+                  activation: str = "silu") -> torch.Tensor:
     """Rows m·K + k with slots_MK[m, k] < L through local expert slots_MK[m, k] (grouped GEMM,
     weighted): → out_VH [M·K, H] in x's dtype. Rows with slot L are not computed (left unset)."""
     M, K = slots_MK.shape
@@ -64,7 +66,7 @@ def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: ti
     routes = sort_by_expert(slots_MK, L + 1, config.block_m)
     routes = dataclasses.replace(routes, num_experts=L, block_expert_B=torch.where(
         routes.block_expert_B == L, -1, routes.block_expert_B))
-    h_PI = grouped_up_swiglu(x_MH, routes, gate_up_L2IH, config=config)
+    h_PI = grouped_up_swiglu(x_MH, routes, gate_up_L2IH, config=config, activation=activation)
     return grouped_down(h_PI, routes, down_LHI, weights_MK, config=config)
 
 
@@ -140,9 +142,11 @@ class ExpertParallelMoE(nn.Module):
         return y_TH.to(x_TH.dtype)  # (the decode path sums fp32 rows: one cast, as on one device)
 
     def _local(self, x_MH, weights_MK, slots_MK) -> torch.Tensor:
+        act = self.cfg.activation
         if self.path == "decode":
-            return local_decode(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.decode_config)
-        return local_experts(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.config)
+            return local_decode(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.decode_config,
+                                activation=act)
+        return local_experts(x_MH, weights_MK, slots_MK, self.gate_up_L2IH, self.down_LHI, self.config, activation=act)
 
     def forward(self, x_TH: torch.Tensor) -> torch.Tensor:
         check_input(x_TH, self.cfg)
