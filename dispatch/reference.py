@@ -90,6 +90,8 @@ def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, check
     gated activation (:mod:`dispatch.activations`).
     """
     E = check_experts_inputs(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, check_ids=check_ids)[2]
+    if torch.compiler.is_compiling():  # no host read of the routing under torch.compile
+        return experts_static(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, activation)
     y_TH = torch.zeros_like(x_TH)
     for e in torch.unique(ids_TK).tolist():  # ascending
         if not 0 <= e < E:
@@ -98,6 +100,23 @@ def experts_reference(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, check
         out_MH = gated_expert(x_TH[t_idx], gate_up_E2IH[e], down_EHI[e], activation)
         out_MH = out_MH * weights_TK[t_idx, k_pos, None].to(out_MH.dtype)
         y_TH.index_add_(0, t_idx, out_MH.to(y_TH.dtype))
+    return y_TH
+
+
+def experts_static(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, activation: str = "silu") -> torch.Tensor:
+    """:func:`experts_reference`'s sum in a form that reads nothing of the routing on the host (what
+    ``torch.compile`` traces, ``fullgraph=True``, for any T): every expert runs on every token, in
+    ascending id, and a token keeps the outputs of the experts it chose, times their weights (an id
+    outside [0, E) matches no expert: it adds nothing). E·T rows of expert work instead of T·K: the
+    form for tracing and tests. Equal to the eager loop up to rounding (an expert's rows are computed
+    in one GEMM with every token's instead of the chosen ones')."""
+    y_TH = torch.zeros_like(x_TH)
+    for e in range(gate_up_E2IH.shape[0]):  # static: the weights' E, not the routing's
+        hit_TK = ids_TK == e
+        chosen_T1 = hit_TK.any(dim=1, keepdim=True)
+        w_T1 = torch.where(hit_TK, weights_TK, 0).sum(dim=1, keepdim=True).to(x_TH.dtype)
+        out_TH = gated_expert(x_TH, gate_up_E2IH[e], down_EHI[e], activation)
+        y_TH = y_TH + torch.where(chosen_T1, out_TH * w_T1, 0)
     return y_TH
 
 
