@@ -13,7 +13,7 @@ ARGS ?=
 # (MPLBACKEND=Agg) would drop them and fail nbval.
 unexport MPLBACKEND
 
-.PHONY: book vendor check-html book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels
+.PHONY: book vendor check-html book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels record-gpu evidence
 
 env: $(STAMP)
 
@@ -69,6 +69,16 @@ gpu-wheels:
 # On a CUDA machine: the compiled kernels against the reference.
 test-gpu: $(STAMP)
 	$(PY) -m pytest tests -m gpu $(ARGS)
+
+# On a GPU: record this GPU's whole set of recordings (results/<gpu>/) from a clean commit, resumable:
+# run it again until it prints "complete" (each call stops before --budget-s, default 570 s).
+record-gpu: $(STAMP)
+	$(PY) -m dispatch_book.bench all --out results $(ARGS)
+
+# Which recordings the chapters read, which are stale (their code changed since), and a failure for a
+# recording that is dirty, names a commit outside HEAD's history, or is read but missing.
+evidence: $(STAMP)
+	$(PY) -m dispatch_book.bench evidence
 
 # A benchmark suite, e.g. make bench ARGS="kernels --out results" (without --out the file goes to
 # the scratch folder _build/results, never over the recordings the book reads).

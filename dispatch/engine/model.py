@@ -1,9 +1,9 @@
 """A lean decoder forward over a static KV cache, with weights taken from a transformers model.
 
 Why not drive transformers' own modules? A decode step of ``OlmoeForCausalLM`` is hundreds of small
-kernels (mask building, cache bookkeeping, per-projection GEMVs, rotary, norms, casts); captured
-in a CUDA graph it still runs ~3.5 ms at batch 1, of which the experts are ~0.6 ms. This forward
-does only what the math needs, per layer:
+kernels (mask building, cache bookkeeping, per-projection GEMVs, rotary, norms, casts), and even
+captured in a CUDA graph the experts are a small part of its step (chapter 6 profiles both steps
+from its recording). This forward does only what the math needs, per layer:
 
     RMSNorm → one fused QKV GEMV → (q/k norm) → RoPE → write K, V at each row's position
     → SDPA over the static cache (boolean mask: key position ≤ row position) → O proj → residual
@@ -23,9 +23,9 @@ mask tensor); prefill keeps cuBLAS and SDPA. On sm_90+ the step's Triton kernels
 router GEMV and the decode experts) launch with programmatic dependent launch (:mod:`dispatch.kernels.pdl`):
 each one is scheduled while the one before it drains, so their launches and ramp-ups overlap.
 With ``fused_moe=True``, a softmax-routed MoE layer at batch 1 runs router + top-K as one kernel
-and the experts as two (:mod:`dispatch.engine.fused_moe`). Off by default: measured on an H200 it
-was slower than the library's three decode launches (501 vs 719 tokens/s at batch 1): its down
-kernel gives OLMoE's layer half the programs, too few to stream the weights at full bandwidth.
+and the experts as two (:mod:`dispatch.engine.fused_moe`). Off by default: its down kernel gives
+OLMoE's layer half the programs of the library's three decode launches, too few to keep every SM
+streaming weights (chapter 6 counts them).
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
 Quantized experts (a model passed through ``dispatch.quant.swap_experts``): :mod:`dispatch.engine.quant`.
 Cache: ``k_LBSkD`` / ``v_LBSkD`` [L, B, S, kv, D]; rows of a batch may sit at different positions.

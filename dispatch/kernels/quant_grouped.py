@@ -35,13 +35,12 @@ from dispatch.quant.formats import QuantizedExperts, fp8_activations
 
 def default_quant_config(T: int, K: int, E: int, dev: torch.device, w8a8: bool, late: bool = False) -> GemmConfig:
     """Pinned tiles (``late``: the weights have one scale per row). The interpreter's small config on
-    CPU. On a GPU, blocks of 64+ rows: w8a16 the best of a sweep on an H200 (OLMoE, T = 4096):
-    128 columns, 8 warps, 3 stages, K steps of 64 (per row) or 128 (block scales, weight-first);
-    w8a8 with block scales 64 columns (each chunk's scaled product needs a second accumulator's
-    registers; 128 columns measured 2× slower); w8a8 per row the best of 12 tiles on an H200
-    (OLMoE, Qwen3, DeepSeek-MoE, T = 4096): 128 columns, K steps of 128, 8 warps, 3 stages — 4 stages
-    were 1–6% slower, 4 warps 2× slower. Thinner blocks: 64 columns, 4 warps. Pipeline stages
-    shrunk to the device's shared memory."""
+    CPU. On a GPU, blocks of 64+ rows: w8a16 128 columns, 8 warps, 3 stages, K steps of 64 (per row)
+    or 128 (block scales, weight-first); w8a8 with block scales 64 columns (each chunk's scaled
+    product needs a second accumulator's registers, which 128 columns would spill); w8a8 per row 128
+    columns, K steps of 128, 8 warps, 3 stages (8 warps keep 128-column accumulators in registers).
+    Thinner blocks: 64 columns, 4 warps. Pipeline stages shrunk to the device's shared memory.
+    ``python -m dispatch.tune --quant`` replaces these with measured tiles per GPU."""
     if tiles.interpreting(dev):
         return replace(tiles.INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else tiles.INTERPRET_CONFIG
     bm = tiles.pick_block_m(T * K, E, dev)

@@ -91,7 +91,7 @@ class DecodeConfig:
 # The interpreter runs numpy per program: small tiles keep CPU tests fast. One policy for both families.
 INTERPRET_CONFIG = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
 INTERPRET_DECODE = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
-# Decode heuristics (measured on an H200, 132 SMs): thin tiles and many programs while few experts are
+# Decode heuristics: thin tiles and many programs while few experts are
 # used; wider tiles and 2 programs per SM once the used experts alone give several waves of tiles.
 # On another GPU the grid scales with its SMs (8 and 2 per SM): a grid of whole waves.
 FEW_EXPERTS = DecodeConfig(block_i=32, block_h=256, block_ho=32, block_id=128, num_stages=3, programs=1056)
@@ -122,8 +122,8 @@ def shared_bytes(cfg, n_b_tiles: int = 1, elt: int = 2) -> int:
 
 
 def fits_registers(cfg: GemmConfig, n_b_tiles: int) -> bool:
-    """fp32 accumulators ≤ 128 registers a thread: beyond it they spill (on the H200 the up kernel with
-    128×128 tiles ran 5× slower on 4 warps than on 8: 256 accumulator registers a thread spilled)."""
+    """fp32 accumulators ≤ 128 registers a thread: beyond it they spill to local memory (128×128 tiles
+    on 4 warps would need 256 accumulator registers a thread)."""
     return cfg.block_m * cfg.block_n * n_b_tiles <= 128 * 32 * cfg.num_warps
 
 

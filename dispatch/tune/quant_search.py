@@ -5,8 +5,8 @@
   one-row FMA tiles, ``decode_starts``), plus a step of longer reduction chunks; every candidate
   is shrunk to fit the scale blocks. From ``GROUPED_MIN_T`` tokens the weight-only grouped GEMM
   (its default tiles) is timed too, and the entry's crossover is where it first beats the decode
-  path: a layer of codes changes paths where its own two paths cross, not where bf16's do (on an
-  H200, Qwen3-30B-A3B's int8 decode at 64 tokens took 1.4× the grouped GEMM's time).
+  path: a layer of codes changes paths where its own two paths cross, not where bf16's do (codes
+  halve the decode path's bytes but add conversions to the grouped GEMM's MMAs).
   Entry 'bfloat16+<scheme>'.
 * **w8a8** (fp8 schemes on sm_89+; ``--quant fp8-channel+w8a8``: this part alone), entry
   'bfloat16+<scheme>+w8a8'. Decode (T ≤ ``QUANT_MAX_T``): the same descent on fp8 activations, from
@@ -45,10 +45,7 @@ from dispatch.tune.search import (
 
 QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
 # (block_i, block_h, block_ho, block_id), 3 stages: up and down tiles moved together, which a descent one
-# step at a time does not reach. On an H100 (int8-channel, from the H200 table's tiles, 288 tiles × grids
-# timed side by side) the best were these, 5–9 % faster than the table's at 8 tokens of OLMoE and Qwen3
-# and at one token of Mixtral; a tuner run there at 8 tokens of OLMoE ended on the first (118.8 µs against
-# 119.8 from the bf16 decode's tiles, in one launch)
+# step at a time does not reach: the best of a side-by-side sweep of 288 whole tiles on 1-byte codes
 QUANT_TILES = ((64, 256, 128, 256), (64, 256, 64, 512), (32, 256, 128, 256))
 QUANT_MAX_T = 64  # decode tiles tuned up to here
 QUANT_GROUPED_MIN_T = 128  # w8a8 grouped tiles tuned from here

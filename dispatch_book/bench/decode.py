@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in a.shapes.split(","):
         rows += measure(name, tokens, dev, dtype)
-    path = bench.save("decode", rows, extra={"hbm_bps": hbm_read_bps(), "dtype": str(dtype)}, out=a.out)
+        # after every shape: a run cut short keeps what it measured
+        path = bench.save("decode", rows, extra={"hbm_bps": hbm_read_bps(), "dtype": str(dtype)}, out=a.out)
     print(f"wrote {path}")
 
 

@@ -226,16 +226,17 @@ def main(argv: list[str] | None = None) -> None:
     tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else QUICK_TOKENS if a.quick else TOKENS
     schemes = QUICK_SCHEMES if a.quick else quant.SCHEMES
     rows, memory = [], []
+    extra = {"read_bps": read_bps, "read_bps_source": source, "memory": memory,
+             "dtype": str(runtime.compute_dtype(dev)), "quick": a.quick, "timing": "graph_7x30",
+             "fp8_convert": "bits" if quant_kernels.BITS_CVT else "hw"}
     for name in shapes:
         r, m = measure(name, tokens, dev, read_bps, schemes=schemes)
         rows += r
         memory += m
-    errors = layer_errors(dev, QUICK_SHAPES if a.quick else tuple(PRESETS), schemes)
-    path = bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty,
-                      extra={"read_bps": read_bps, "read_bps_source": source, "memory": memory,
-                             "layer_errors": errors, "dtype": str(runtime.compute_dtype(dev)),
-                             "quick": a.quick, "timing": "graph_7x30",
-                             "fp8_convert": "bits" if quant_kernels.BITS_CVT else "hw"})
+        # after every shape: a run cut short keeps what it measured
+        bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty, extra=extra)
+    extra["layer_errors"] = layer_errors(dev, QUICK_SHAPES if a.quick else tuple(PRESETS), schemes)
+    path = bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty, extra=extra)
     print(f"wrote {path}")
 
 

@@ -218,26 +218,39 @@ def recorded():
 
 
 def load(name: str, gpu: str | None = None, *, root: str | os.PathLike | None = None) -> dict | None:
-    """The recorded file of benchmark ``name`` for GPU ``gpu`` (a name or slug: ``"h200"``), or
-    the newest over all GPUs when ``gpu`` is None; None when there is none.
+    """The recorded file of benchmark ``name``: of GPU ``gpu`` (a name or slug: ``"h200"``) when given,
+    else of the set the chapters read here (:func:`dispatch_book.bench.sets.current`: this GPU's complete
+    set, else ``$DISPATCH_RESULTS_GPU`` or the newest complete one); None when there is none.
 
-    Only a file whose recorded ``gpu`` is the folder's GPU counts, and CPU runs (``cpu*`` folders)
-    are returned only when asked for by name (``gpu="cpu"``): a CPU run never stands in for a GPU.
-    ``root``: another results folder (e.g. ``_build/results`` after a run of your own).
+    Only a file whose recorded ``gpu`` is the folder's GPU counts, and CPU runs (``cpu*`` folders) are
+    read only when asked for by name (``gpu="cpu"``): a CPU run never stands in for a GPU. A recording
+    of uncommitted code (``+dirty``) is refused: it cannot be reproduced. A benchmark outside the set
+    (``sets.SET``) must name its GPU. ``root``: another results folder (e.g. ``_build/results``).
     """
+    from dispatch_book.bench import sets
+
     base = pathlib.Path(root) if root is not None else recorded()
-    if gpu is not None:
-        slugs = [gpu_slug(gpu)]
+    if gpu is None:
+        if name not in sets.SET:
+            raise ValueError(f"{name!r} is not one of the recordings of a set ({', '.join(sets.SET)}): name "
+                             f"the GPU it was recorded on, load({name!r}, gpu=...)")
+        slug = sets.current(root)
+        if slug is None:
+            return None
     else:
-        slugs = [d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith(("cpu", "_", "."))]
-    docs = []
-    for slug in slugs:
-        f = base.joinpath(slug, f"{name}.json")
-        if f.is_file():
-            doc = json.loads(f.read_text())
-            if gpu_slug(doc.get("gpu") or "cpu") == slug:
-                docs.append(doc)
-    return max(docs, key=lambda d: d["date"]) if docs else None
+        slug = gpu_slug(gpu)
+    f = base.joinpath(slug, f"{name}.json")
+    if not f.is_file():
+        return None
+    doc = json.loads(f.read_text())
+    if gpu_slug(doc.get("gpu") or "cpu") != slug:
+        return None
+    dirty = [c for c in [doc.get("git_commit", "")] + [p["git_commit"] for p in doc.get("parts") or []]
+             if c.endswith("+dirty")]
+    if dirty:
+        raise ValueError(f"results/{slug}/{name}.json was recorded from uncommitted code (commit {dirty[0]}): "
+                         f"it cannot be reproduced; record it again from a commit")
+    return doc
 
 
 def provenance(doc: dict, label: str | None = None) -> str:
@@ -248,13 +261,17 @@ def provenance(doc: dict, label: str | None = None) -> str:
     v, on = doc["versions"], f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']}"
     software = f"torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}"
     if not doc.get("parts"):
-        text = (f"{on} on {doc['date'][:10]} ({software}, commit {doc['git_commit'][:10]}) "
+        text = (f"{on} on {doc['date'][:10]} ({software}, commit {doc['git_commit']}) "
                 f"by `{doc['command']}`.")
     else:  # merged from runs at different commits: which sizes each run measured
         shapes = {r.get("shape") for r in doc["rows"]} - {None}
         runs = "; ".join(f"{_sizes_text(p['sizes'], shapes)} on {p['date'][:10]} at commit "
-                         f"{p['git_commit'][:10]} by `{p['command']}`" for p in doc["parts"])
+                         f"{p['git_commit']} by `{p['command']}`" for p in doc["parts"])
         text = f"{on} ({software}) in {len(doc['parts'])} runs: {runs}."
     if label:
         text = f"{label}: {text}"
-    return textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column
+    text = textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column
+    from dispatch_book.bench import evidence
+
+    note = evidence.stale_note(doc)
+    return text if note is None else f"{text}\n{note}"

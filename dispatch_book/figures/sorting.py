@@ -85,8 +85,8 @@ def block_scan_figure(ids_TK: torch.Tensor, num_experts: int, block_n: int):
 
 def routing_sort_figure(doc: dict, ops=("route", "sort")):
     """Median time vs tokens, one panel per layer shape: ours (red) vs the PyTorch twin (purple);
-    solid = route, dashed = sort, dotted = both; black: ours route+sort replayed from a CUDA graph,
-    where the recording has it. ``doc`` is a ``results/<gpu>/routing_sort.json`` document."""
+    solid = route, dashed = sort, dotted = both. On a GPU recording the times are CUDA-graph replays
+    (the kernels alone); a CPU run's are the wall clock. ``doc`` is a ``routing_sort.json`` document."""
     rows = doc["rows"]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(min(3.1 * len(shapes), 9.4), 4.2), squeeze=False,
@@ -98,19 +98,16 @@ def routing_sort_figure(doc: dict, ops=("route", "sort")):
                              if r["shape"] == shape and r["op"] == op and r["impl"] == impl)
                 if pts:
                     ax.plot(*zip(*pts, strict=True), ls=ls, marker="o", ms=3, color=color(impl), label=f"{op}: {impl}")
-        pts = sorted((r["T"], r["graph_median_ms"] * 1e3) for r in rows if r["shape"] == shape
-                     and r["op"] == ops[-1] and r["impl"] == "ours" and "graph_median_ms" in r)
-        if pts:
-            ax.plot(*zip(*pts, strict=True), ls="-", marker="s", ms=3, color="black", label=f"{ops[-1]}: ours, graph")
         r0 = next(r for r in rows if r["shape"] == shape)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{shape}: E={r0['E']}, K={r0['K']}", fontsize=10)
         ax.set_xlabel("tokens T")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("median time per call (µs)")
+    graph = all(r.get("graph") for r in rows)
+    axes[0][0].set_ylabel("µs per call, CUDA graph" if graph else "µs per call (wall clock)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8)
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=9)
     fig.suptitle(f"routing and sort on {doc['gpu']} ({rows[0].get('dtype', '')} logits, "
                  f"block_m={rows[0].get('block_m', '?')})", fontsize=11)
     return fig
