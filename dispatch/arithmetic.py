@@ -85,6 +85,26 @@ def expected_unique_experts(num_experts: int, top_k: int, tokens: int) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
+def expert_parallel_exchange(cfg: MoEConfig, ranks: int, tokens: int, itemsize: int = 2) -> dict[str, float]:
+    """Expected bytes one rank sends per MoE layer under expert parallelism (chapter 4), uniform routing
+    over a contiguous placement of E / R experts a rank, T = ``tokens`` per rank:
+
+    * ``pairs``: every (token, expert) row whose expert lives elsewhere, T·K·(R−1)/R rows of H;
+    * ``dispatch``: each token once per other rank holding one of its experts — a rank misses all K of
+      a token's experts with probability C(E − E/R, K) / C(E, K) — so T·(R−1)·(1 − that) rows of H;
+    * ``combine``: the rows computed elsewhere coming home, T·K·(R−1)/R rows of H.
+    """
+    import math
+
+    E, K, R = cfg.num_experts, cfg.top_k, ranks
+    if R < 1 or E % R:
+        raise ValueError(f"ranks must divide the {E} experts, got {ranks}")
+    miss = math.comb(E - E // R, K) / math.comb(E, K)
+    row = cfg.hidden_size * itemsize
+    remote = tokens * K * (R - 1) / R
+    return {"pairs": remote * row, "dispatch": tokens * (R - 1) * (1 - miss) * row, "combine": remote * row}
+
+
 def unique_experts(ids_TK: torch.Tensor) -> int:
     """Exact number of distinct experts a given routing ids_TK [T, K] touches."""
     return int(torch.unique(ids_TK).numel())

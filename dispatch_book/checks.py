@@ -7,7 +7,7 @@ equal, and stops the notebook when the verdict fails.
     verdict("kernel vs reference", y, ref, rtol=1e-5)   # kernel vs reference: ok (rel err < 1e-05)
     bitwise("two runs", y1, y2)                         # two runs: bitwise equal, yes
     show_source(_up_tile)                               # a kernel's own source, numbered lines
-    ceilings("h200")                                    # the measured ceilings the figures divide by
+    ceilings()                                          # the measured ceilings of the recording set
     table(rows, ["shape", "T", "ms"])                   # a rendered markdown table
 """
 from __future__ import annotations
@@ -103,26 +103,19 @@ def show_source(fn, *, start: int | None = None, stop: int | None = None) -> Non
             print(f"{i:3d}  {part}" if j == 0 else f"     {part}")
 
 
-def ceilings(gpu: str = "h200") -> dict:
-    """The ceilings a "% of peak" divides by: ``hbm_copy_gbps``, ``hbm_read_gbps`` (None where not
-    measured), ``bf16_tflops`` and ``source``, from the measured results file of ``gpu``.
-
-    The one place the chapters get ceilings from. It defers to ``dispatch_book.bench.ceilings`` when
-    the harness provides it, else it reads ``results/<gpu>/ceilings.json`` itself."""
+def ceilings(gpu: str | None = None) -> dict:
+    """The ceilings a "% of peak" divides by: ``hbm_copy_gbps``, ``hbm_read_gbps``, ``bf16_tflops`` and
+    ``source``, of ``gpu`` (a name or slug), or, when None, of the GPU whose recordings the chapters
+    read (:func:`dispatch_book.bench.sets.current`). The one place the chapters get ceilings from."""
     from dispatch_book import bench
+    from dispatch_book.bench import sets
 
-    fn = getattr(bench, "ceilings", None)
-    if callable(fn):
-        return dict(fn(gpu))
-    doc = bench.load("ceilings", gpu=gpu)
-    if doc is None:
-        raise FileNotFoundError(f"no measured ceilings for {gpu!r} (results/{gpu}/ceilings.json)")
-    rows = {r["ceiling"]: r for r in doc["rows"]}
-    read = rows.get("hbm_read")
-    return {"hbm_copy_gbps": rows["hbm_copy"]["GBps"],
-            "hbm_read_gbps": read["GBps"] if read else None,
-            "bf16_tflops": rows["bfloat16_matmul"]["TFLOPs"],
-            "source": bench.provenance(doc)}
+    if gpu is None:
+        gpu = sets.current()
+        if gpu is None:
+            raise FileNotFoundError("no complete set of recordings under results/: record one on a GPU with "
+                                    "`python -m dispatch_book.bench all --out results`")
+    return dict(bench.ceilings(gpu))
 
 
 def _cell(v, fmt):

@@ -231,6 +231,19 @@ def sweep_p2p(T, cfg, placement, dtype, device, args, record) -> None:
                 del graph, p2p
 
 
+def layer_recording(root=None) -> dict | None:
+    """The newest recording of this chapter's layer on two or more GPUs — a ``results/<gpu>/expert_parallel.json``
+    whose rows hold the one-GPU reference (``one_gpu``) — or None: chapter 4 shows no timing without one."""
+    from dispatch_book.bench import results, sets
+
+    docs = []
+    for slug in sets.slugs(root):
+        doc = results.load("expert_parallel", gpu=slug, root=root)
+        if doc and (doc.get("gpu_count") or 1) >= 2 and any(r.get("contestant") == "one_gpu" for r in doc["rows"]):
+            docs.append(doc)
+    return max(docs, key=lambda d: d["date"]) if docs else None
+
+
 def save_rows(args, rows, R, dtype):
     argv, skip = [], False  # the command as a user would type it (where the file went is no part of it)
     for a in sys.argv[1:]:

@@ -117,3 +117,11 @@ def current(root=None) -> str | None:
         if mine in slugs(root) and not missing(mine, root):
             return mine
     return default(root)
+
+
+def gpu_name(root=None) -> str:
+    """The GPU of the set the chapters read, as the book names it ("H100 80GB HBM3", "H200")."""
+    slug = current(root)
+    if slug is None:
+        raise FileNotFoundError("no complete set of recordings under results/")
+    return docs(slug, root)["ceilings"]["gpu"].removeprefix("NVIDIA ")
