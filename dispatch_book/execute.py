@@ -53,7 +53,23 @@ def execute(nb_path: pathlib.Path, out_path: pathlib.Path, overrides: dict | Non
         raise SystemExit(f"\n{_rel(nb_path, root)}: cell {e.exec_count} failed: {e.ename}: {e.evalue}\n"
                          f"(executed copy with the traceback: {out_path})") from None
     relative_paths(out_path, nb_path, root)
+    render_prose(out_path, nb_path, root)
     return time.time() - t0
+
+
+def render_prose(out_path: pathlib.Path, nb_path: pathlib.Path, root: pathlib.Path | None = None) -> None:
+    """Write the run's glued values into its markdown cells (:mod:`dispatch_book.prose`); SystemExit
+    naming the values the prose refers to that no cell glued."""
+    import nbformat
+
+    from dispatch_book import prose
+
+    nb = nbformat.read(out_path, as_version=4)
+    missing = prose.render(nb)
+    if missing:
+        raise SystemExit(f"\n{_rel(nb_path, root)}: the prose refers to values no cell glued in this run: "
+                         f"{', '.join(missing)} (executed copy: {out_path})")
+    nbformat.write(nb, out_path)
 
 
 def run_in_place(nb_path: pathlib.Path, overrides: dict, scratch: pathlib.Path,
