@@ -111,3 +111,22 @@ def routing_sort_figure(doc: dict, ops=("route", "sort")):
     fig.suptitle(f"routing and sort on {doc['gpu']} ({rows[0].get('dtype', '')} logits, "
                  f"block_m={rows[0].get('block_m', '?')})", fontsize=11)
     return fig
+
+
+def eager_sum(doc: dict) -> dict:
+    """Does route + sort cost route plus sort? Medians over the recorded (shape, T) cases of ours: the
+    chain's time over the sum of its parts' from a CUDA graph (``graph``), in the host's time to issue
+    them (``host``) and eagerly as ``do_bench`` times them (``eager``); and ``hidden_us``, the host time
+    an eager call's timing does not show (host µs − (eager − graph) µs), median over every op."""
+    import statistics
+
+    ours = {(r["shape"], r["T"], r["op"]): r for r in doc["rows"] if r["impl"] == "ours"}
+    cases = sorted({(s, T) for s, T, _ in ours})
+
+    def ratio(field):
+        return statistics.median(ours[s, T, "route+sort"][field] / (ours[s, T, "route"][field]
+                                 + ours[s, T, "sort"][field]) for s, T in cases)
+
+    hidden = [r["host_us"] - (r["eager_ms"] - r["median_ms"]) * 1e3 for r in ours.values()]
+    return {"cases": len(cases), "graph": ratio("median_ms"), "host": ratio("host_us"),
+            "eager": ratio("eager_ms"), "hidden_us": statistics.median(hidden)}
