@@ -50,7 +50,7 @@ PLAN = (
     *(Step(f"kernels:{s}", ("kernels", "--shapes", s, "--merge"), 100, writes=("kernels",)) for s in _SHAPES),
     Step("kernels_sweep", ("kernels_sweep",), 120),
     Step("step_kernels", ("step_kernels",), 80),
-    Step("e2e", ("e2e", "--profile", "--budget-s", "200"), 240, writes=("e2e", "e2e_profile")),
+    Step("e2e", ("e2e", "--profile", "--budget-s", "150"), 190, writes=("e2e", "e2e_profile")),
     Step("quant", ("quant", "--quick", "--shapes", ",".join(_SHAPES)), 200),
     Step("book_gpu", ("book",), 420),  # no chapter reads it: recorded last, not needed for a complete set
 )
