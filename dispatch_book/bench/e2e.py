@@ -14,6 +14,8 @@ prompts of ``--prompt`` random tokens. Contestants (one run, same model):
                         SDPA (``decode_kernels=False``): what the GEMV and attention kernels add
     ours_no_pdl         the same engine with plain launches (no programmatic dependent launch,
                         ``dispatch.kernels.pdl``): what overlapping the kernels' starts adds
+    ours_fused_moe      at batch 1, the engine with the MoE layer in three launches
+                        (``fused_moe=True``: router + top-K, up, down + combine)
     ours_int8 / ours_fp8   the same with the experts quantized (int8-channel / fp8-channel, chapter 7;
                         fp8 only on sm_89+), at batch 1 and 64 (``QUANT_BATCHES``)
 
@@ -38,8 +40,8 @@ GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
 QUANT = {"ours_int8": "int8-channel", "ours_fp8": "fp8-channel"}
 QUANT_BATCHES = (1, 64)
 # In the order they run (each over every batch size): a spent budget skips the last ones first.
-CONTESTANTS = ("ours", "ours_no_pdl", "ours_cublas_sdpa", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph",
-               "hf_grouped_mm", "hf_batched_mm", "hf_eager", "hf_compile_static")
+CONTESTANTS = ("ours", "ours_no_pdl", "ours_cublas_sdpa", "ours_fused_moe", "ours_int8", "ours_fp8",
+               "hf_graph_dispatch", "hf_graph", "hf_grouped_mm", "hf_batched_mm", "hf_eager", "hf_compile_static")
 
 
 def read_gbps() -> tuple[float, str]:
@@ -257,7 +259,7 @@ def main(argv=None) -> None:
             row = {"contestant": name, "batch": B}
             slow = name in ("hf_eager", "hf_compile_static") or (name == "hf_batched_mm" and B > 8)
             new = min(a.hf_new, a.new) if name in GENERATE else a.new
-            if name in QUANT and B not in QUANT_BATCHES:
+            if (name in QUANT and B not in QUANT_BATCHES) or (name == "ours_fused_moe" and B != 1):
                 continue
             if left < (60 if slow else 15):
                 row["skipped"] = f"wall-clock budget ({a.budget_s:.0f} s) spent: {left:.0f} s left"
@@ -275,6 +277,8 @@ def main(argv=None) -> None:
                             row.update(ours(lean, ids, a.new))
                     elif name == "ours_cublas_sdpa":
                         row.update(ours(LeanModel.from_hf(model, decode_kernels=False), ids, a.new))
+                    elif name == "ours_fused_moe":  # batch 1 only: router + top-K and down + combine fused
+                        row.update(ours(LeanModel.from_hf(model, fused_moe=True), ids, a.new))
                     elif name in QUANT:
                         row.update(ours(quantized_lean(model, QUANT[name]), ids, a.new))
                         row["bytes_note"] = "roofline counted in bf16 expert bytes"
