@@ -242,3 +242,19 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def peer_said(doc: dict | None, name: str = "hf_fp8", ours: str = "fp8-block128") -> str:
+    """What a recording holds of transformers' fp8 experts (``name``), as a clause for the prose: at how
+    many sizes it ran and its time over ours on the same codes, or why it did not run."""
+    cells = [r["contestants"][name] for r in (doc or {}).get("rows", []) if name in r["contestants"]]
+    if not cells:
+        return "the recording did not include it"
+    ran = [c for c in cells if "median_ms" in c]
+    if not ran:
+        why = cells[0].get("skipped") or cells[0].get("error") or "no time recorded"
+        return f"it did not run at any of the {len(cells)} sizes ({why[:120]})"
+    x = [r["contestants"][name]["median_ms"] / r["contestants"][ours]["median_ms"] for r in doc["rows"]
+         if "median_ms" in r["contestants"].get(name, {}) and "median_ms" in r["contestants"].get(ours, {})]
+    span = f", at {min(x):.2f}–{max(x):.2f}× the time of ours on the same codes" if x else ""
+    return f"it ran at {len(ran)} of the {len(cells)} sizes{span}"
