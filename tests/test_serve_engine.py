@@ -152,6 +152,16 @@ def test_each_step_runs_the_experts_on_its_real_token_count(shipped, monkeypatch
     assert len(set(eng.step_tokens)) > 1 and max(eng.step_tokens) == 8  # mixed steps filled the budget
 
 
+def test_warmup_leaves_nothing_behind(shipped):
+    model, _, prompts = shipped
+    eng = LLMEngine(model, EngineConfig(max_seqs=2))
+    eng.warmup()
+    assert eng.steps == 0 and eng.alloc.num_used == 0 and not eng.has_work() and not eng.requests
+    eng.add_request(prompts[0])
+    with pytest.raises(RuntimeError, match="before adding requests"):
+        eng.warmup()
+
+
 def test_bad_requests_and_configs(shipped):
     model, _, prompts = shipped
     eng = LLMEngine(model, EngineConfig(max_seqs=2, max_waiting=2))

@@ -63,6 +63,7 @@ def main(argv=None) -> None:
     except ImportError as e:
         raise SystemExit(f"the server needs aiohttp: pip install 'dispatch[serve]' ({e})") from None
     engine, tok, name = build(a)
+    engine.warmup()  # kernels compiled, decode graphs captured: the first requests do not pay for it
     server = Server(engine, tok, name, host=a.host, port=a.port, drain_s=a.drain_s)
     server.serve_forever(ready=lambda port: print(f"listening on http://{a.host}:{port} (model {name!r})",
                                                   flush=True))

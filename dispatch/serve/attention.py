@@ -104,7 +104,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, qs_ptr, ql_ptr, cs_ptr, 
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (q0 + i[:, None]) * s_qt + h * s_qh + d[None, :], mask=im[:, None], other=0.0)
     kv = h // G
-    end = tl.minimum(p0 + (mt + 1) * BLOCK_M, p0 + n)  # keys 0..end-1 cover every row of the tile
+    end = tl.minimum(p0 + (mt + 1) * BLOCK_M, p0 + n).to(tl.int32)  # keys 0..end-1 cover the tile's rows
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -200,11 +200,11 @@ def paged_decode_attention(q_BHD, k_blocks, v_blocks, table_BM, pos_B, scale: fl
     return o_BHD
 
 
-def _gather(blocks, table_row, n: int):
-    """Positions 0..n-1 of one table row: [n, KV, D] (fp32)."""
+def _gather(blocks, table, n: int):
+    """Positions 0..n-1 through a table row [M] → [n, KV, D], or rows [B, M] → [B, n, KV, D] (fp32)."""
     BS = blocks.shape[1]
     p = torch.arange(n, device=blocks.device)
-    return blocks[table_row.long()[p // BS], p % BS].float()
+    return blocks[table.long()[..., p // BS], p % BS].float()
 
 
 def paged_decode_attention_torch(q_BHD, k_blocks, v_blocks, table_BM, pos_B, scale=None) -> torch.Tensor:
@@ -214,7 +214,7 @@ def paged_decode_attention_torch(q_BHD, k_blocks, v_blocks, table_BM, pos_B, sca
     if B == 0:
         return q_BHD.new_empty(0, NH, D)
     n = int(pos_B.max()) + 1
-    k, v = (torch.stack([_gather(c, table_BM[b], n) for b in range(B)]) for c in (k_blocks, v_blocks))
+    k, v = (_gather(c, table_BM, n) for c in (k_blocks, v_blocks))
     keep_BS = torch.arange(n, device=q_BHD.device)[None, :] <= pos_B[:, None]
     k, v = (t.masked_fill(~keep_BS[:, :, None, None], 0).repeat_interleave(NH // KV, dim=2) for t in (k, v))
     scores = torch.einsum("bhd,bshd->bhs", q_BHD.float(), k) * (D ** -0.5 if scale is None else scale)

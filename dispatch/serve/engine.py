@@ -160,6 +160,16 @@ class LLMEngine:
             return max(1, int(free * self.cfg.kv_fraction) // per_block)
         return self.cfg.max_seqs * -(-self.max_model_len // self.cfg.block_size)
 
+    def warmup(self) -> None:
+        """Compile the kernels (one short request) and, with CUDA graphs, capture every decode bucket
+        now rather than in the middle of the first requests that need them."""
+        if self.has_work():
+            raise RuntimeError("warm up before adding requests")
+        self.generate([[1] * min(4, self.max_model_len - 2)], RequestParams(max_tokens=2, ignore_eos=True))
+        if self.runner.graphs:
+            self.runner.capture_all()
+        self.steps, self.step_tokens = 0, []
+
     # ---- requests ----
     def check_request(self, prompt: list[int], params: RequestParams) -> None:
         """ValueError unless ``prompt`` with ``params`` can run here (the server's 400s)."""

@@ -138,6 +138,13 @@ class ModelRunner:
             self._buf[f"logits{G}"] = paged_forward(self.lean, batch, self.kv, kernels=self.kernels)
         self._graphs[G] = g
 
+    def capture_all(self) -> None:
+        """Capture every bucket a decode step can take (up to ``max_seqs`` rows), before serving."""
+        top = bucket(min(self.max_seqs, BUCKETS[-1]))
+        for G in BUCKETS:
+            if G <= top:
+                self.capture(G)
+
     def _replay(self, batch: StepBatch) -> torch.Tensor:
         B = batch.num_decode
         G = bucket(B)

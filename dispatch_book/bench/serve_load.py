@@ -90,12 +90,14 @@ async def complete(session, url: str, body: dict, *, stop_after: int | None = No
     return rec
 
 
-def body_of(model: str, req: Request) -> dict:
-    return {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0.0,
-            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+def body_of(model: str, req: Request, ignore_eos: bool = True) -> dict:
+    """A greedy streamed request; ``ignore_eos`` (a vLLM extension) only where the server takes it."""
+    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    return {**body, "ignore_eos": True} if ignore_eos else body
 
 
-async def run_load(url: str, model: str, reqs: list[Request], rate: float, *, seed: int = 0,
+async def run_load(url: str, model: str, reqs: list[Request], rate: float, *, seed: int = 0, ignore_eos: bool = True,
                    concurrency: int = 1024, timeout: float = 600) -> tuple[list[Record], float]:
     """Send ``reqs`` at Poisson ``rate``; (records in request order, wall seconds of the run)."""
     import aiohttp
@@ -107,7 +109,7 @@ async def run_load(url: str, model: str, reqs: list[Request], rate: float, *, se
 
         async def one(req, at):
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            return await complete(session, url, body_of(model, req), timeout=timeout)
+            return await complete(session, url, body_of(model, req, ignore_eos), timeout=timeout)
 
         recs = await asyncio.gather(*(one(r, at) for r, at in zip(reqs, offsets, strict=True)))
         return list(recs), time.perf_counter() - t0
@@ -175,7 +177,7 @@ async def reliability(url: str, model: str, reqs: list[Request], *, disconnect: 
                             problems.append(f"malformed #{i}: {st} {str(body)[:120]}")
                 else:
                     stop = rng.randint(1, 3) if kind == "disconnect" else None
-                    rec = await complete(session, url, {**body_of(model, req), "ignore_eos": False}, stop_after=stop,
+                    rec = await complete(session, url, body_of(model, req, ignore_eos=False), stop_after=stop,
                                          timeout=timeout)
                     st = rec.status
                     if kind == "full" and st == 200 and rec.error is None:
