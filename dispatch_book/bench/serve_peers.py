@@ -24,12 +24,13 @@ def _sync(dev) -> None:
         torch.cuda.synchronize()
 
 
-def ours(lean, reqs, *, max_seqs: int = 256, max_step_tokens: int = 2048, graphs: bool | None = None) -> dict:
+def ours(lean, reqs, *, max_seqs: int = 256, max_step_tokens: int = 2048, graphs: bool | None = None,
+         num_blocks: int | None = None) -> dict:
     from dispatch.serve import EngineConfig, LLMEngine, RequestParams
 
     longest = max(len(r.prompt) + r.max_tokens for r in reqs)
     eng = LLMEngine(lean, EngineConfig(max_seqs=max_seqs, max_step_tokens=max_step_tokens, graphs=graphs,
-                                       max_model_len=-(-longest // 16) * 16), eos_token_ids=())
+                                       max_model_len=-(-longest // 16) * 16, num_blocks=num_blocks), eos_token_ids=())
     eng.warmup()  # kernels compiled, every decode bucket's graph captured
     params = [RequestParams(max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
     _sync(lean.device)
