@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dispatch import runtime
 from dispatch.engine.attention import LOG2E, _combine_kernel, _plan, num_splits
 from dispatch.kernels import pdl
 from dispatch.kernels.checks import check_launch, check_tensor
@@ -188,11 +189,13 @@ def paged_decode_attention(q_BHD, k_blocks, v_blocks, table_BM, pos_B, scale: fl
         l = torch.empty_like(m)
         acc = torch.empty(B, NH, SPLITS, D, dtype=torch.float32, device=q_BHD.device)
     qk_scale = (D ** -0.5 if scale is None else float(scale)) * LOG2E
+    # K and V tiles in flight: 3 stages where they fit in shared memory, else 2 (as chapter 6's kernel)
+    stages = 3 if 3 * 2 * BLOCK_S * D * q_BHD.element_size() <= runtime.max_shared_bytes(q_BHD.device) else 2
     _paged_decode_kernel[(B, KV, SPLITS)](
         q_BHD, k_blocks, v_blocks, table_BM, pos_B, o_BHD, m, l, acc, NB, BS, S, NH, G, CHUNK, SPLITS, qk_scale,
         q_BHD.stride(0), q_BHD.stride(1), *k_blocks.stride()[:3], *v_blocks.stride()[:3], table_BM.stride(0),
         pos_B.stride(0), D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S,
-        PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", PARTIALS=SPLITS > 1, num_warps=4, num_stages=2,
+        PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", PARTIALS=SPLITS > 1, num_warps=4, num_stages=stages,
         **pdl.launch_kw(q_BHD.device))
     if SPLITS > 1:
         _combine_kernel[(B * NH,)](m, l, acc, o_BHD, SPLITS, D=D, BLOCK_SP=triton.next_power_of_2(SPLITS),
