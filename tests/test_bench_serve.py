@@ -35,6 +35,15 @@ def test_workload_and_arrivals_are_seeded():
     assert serve_load.arrivals(3, math.inf) == [0.0, 0.0, 0.0]
 
 
+def test_first_difference_reports_the_margin():
+    a = Record(text="a b c", token_texts=["a", " b", " c"], margins=[2.0, 0.5, 1.0])
+    b = Record(text="a b d", token_texts=["a", " b", " d"], margins=[2.0, 0.5, 1e-6])
+    assert serve_load.first_difference(a, a) is None
+    assert serve_load.first_difference(a, b) == {"token": 2, "margin_alone": 1e-6}
+    short = Record(text="a", token_texts=["a"], margins=[2.0])
+    assert serve_load.first_difference(a, short) == {"token": 1, "margin_alone": None}
+
+
 def test_max_rate_within():
     rows = [{"rate": 2, "tpot_ms": {"p99": 20}}, {"rate": 4, "tpot_ms": {"p99": 45}},
             {"rate": 8, "tpot_ms": {"p99": 70}}, {"rate": 16, "skipped": "budget"}]

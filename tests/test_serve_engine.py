@@ -120,6 +120,28 @@ def test_stops(shipped):
     assert last.finish_reason == "stop" and last.stop_at == text.find(needle)
 
 
+def test_logprobs_and_margins(shipped):
+    """logprobs=k: the chosen token's log-probability and the k best; for greedy the best is the token,
+    and log p1 - log p2 is the logit margin the engine records (the normaliser cancels)."""
+    model, _, prompts = shipped
+    eng = LLMEngine(model, EngineConfig(max_seqs=4), record_margins=True)
+    rid = eng.add_request(prompts[2], RequestParams(max_tokens=10, logprobs=3))
+    plain = eng.add_request(prompts[3], RequestParams(max_tokens=10))
+    got, margins = [], eng.requests[rid].margins
+    while eng.has_work():
+        for o in eng.step():
+            assert (o.logprobs is None) == (o.id == plain)
+            if o.id == rid:
+                got += list(zip(o.new_tokens, o.logprobs, strict=True))
+    assert len(got) == 10
+    for (tok, (own, top)), m in zip(got, margins, strict=True):
+        assert len(top) == 3 and top[0][0] == tok and own == top[0][1] <= 0.0
+        assert top[0][1] >= top[1][1] >= top[2][1]
+        assert abs((top[0][1] - top[1][1]) - m) <= 1e-4
+    with pytest.raises(ValueError, match="logprobs"):
+        RequestParams(logprobs=21)
+
+
 def test_abort_frees_blocks_at_once(shipped):
     model, _, prompts = shipped
     eng = LLMEngine(model, EngineConfig(max_seqs=4, block_size=4))

@@ -102,12 +102,26 @@ def test_openai_client_streaming_and_not(server, shipped):
     (b'{"model": "cpu", "prompt": "x", "tempreature": 0}', "tempreature", None),
     (b'{"model": "cpu", "prompt": [99999]}', "prompt", None),
     (b'{"model": "cpu", "prompt": "x", "n": 2}', "n", None),
+    (b'{"model": "cpu", "prompt": "x", "logprobs": 9}', "logprobs", None),
 ])
 def test_bad_requests_are_openai_400s(server, body, param, code):
     status, _, out = raw(server[0], "POST", "/v1/completions", body)
     err = json.loads(out)["error"]
     assert status == 400 and set(err) == {"message", "type", "param", "code"} and err["message"]
     assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error")
+
+
+def test_logprobs_through_the_client(server):
+    client = openai.OpenAI(base_url=f"{server[0]}/v1", api_key="none", timeout=60, max_retries=0)
+    whole = client.completions.create(model="cpu", prompt="def main(", max_tokens=8, temperature=0, logprobs=2)
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == whole.usage.completion_tokens == 8
+    assert all(len(t) == 2 and max(t.values()) == own for t, own in zip(lp.top_logprobs, lp.token_logprobs,
+                                                                        strict=True))
+    assert "".join(lp.tokens) == whole.choices[0].text and lp.text_offset[0] == 0
+    pieces = list(client.completions.create(model="cpu", prompt="def main(", max_tokens=8, temperature=0,
+                                            logprobs=2, stream=True))
+    assert [p.choices[0].logprobs.token_logprobs[0] for p in pieces] == lp.token_logprobs
 
 
 def test_openai_client_sees_the_errors(server):

@@ -12,7 +12,8 @@ mixed step through the lean model), ``runner`` (tables, CUDA graphs), ``engine``
 ``server`` / ``api`` / ``metrics`` (HTTP).
 """
 from dispatch.serve.blocks import BlockAllocator, BlockTable
-from dispatch.serve.engine import Completion, EngineConfig, LLMEngine, RequestOutput, RequestParams
+from dispatch.serve.engine import EngineConfig, LLMEngine
+from dispatch.serve.request import Completion, RequestOutput, RequestParams
 from dispatch.serve.scheduler import QueueFull, Scheduler, SchedulerConfig, Sequence
 
 __all__ = ["BlockAllocator", "BlockTable", "Completion", "EngineConfig", "LLMEngine", "QueueFull", "RequestOutput",

@@ -5,7 +5,8 @@ No HTTP here (:mod:`dispatch.serve.server` is the transport), so every rule is t
 Accepted fields of ``POST /v1/completions``: ``model`` (required, must be served), ``prompt`` (a
 string or a list of token ids), ``max_tokens`` (default 16), ``temperature`` (default 1, as OpenAI's;
 0 is greedy), ``top_p``, ``seed``, ``stop`` (a string or up to 4), ``stream``, ``stream_options``,
-``ignore_eos`` (as vLLM's), and ``n``, ``echo``, ``logprobs``, ``best_of`` only at their defaults.
+``ignore_eos`` (as vLLM's), ``logprobs`` (0–5: the log-probabilities of that many most likely tokens
+at each step, in OpenAI's legacy shape), and ``n``, ``echo``, ``best_of`` only at their defaults.
 Any other field is refused by name, so a typo is not silently ignored.
 """
 from __future__ import annotations
@@ -15,11 +16,11 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from dispatch.serve.engine import RequestParams
+from dispatch.serve.request import RequestParams
 
 KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
          "ignore_eos", "n", "echo", "logprobs", "best_of", "user", "presence_penalty", "frequency_penalty"}
-DEFAULTS_ONLY = {"n": (1, None), "echo": (False, None), "logprobs": (None,), "best_of": (1, None),
+DEFAULTS_ONLY = {"n": (1, None), "echo": (False, None), "best_of": (1, None),
                  "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None)}
 
 
@@ -107,13 +108,16 @@ def parse_completion(raw: bytes, *, model: str, encode, vocab_size: int, context
     for name, v in (("stream", stream), ("ignore_eos", ignore_eos)):
         if not isinstance(v, bool):
             raise bad(f"'{name}' must be true or false, got {v!r}", name)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5):
+        raise bad(f"'logprobs' must be an integer in [0, 5], got {logprobs!r}", "logprobs")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise bad("'stream_options' must be an object", "stream_options")
     params = RequestParams(max_tokens=max_tokens, temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
                            top_p=float(_number(body, "top_p", 1.0, 1e-9, 1.0)),
                            seed=seed if seed is not None else uuid.uuid4().int % (1 << 63),
-                           stop=tuple(stop), ignore_eos=ignore_eos)
+                           stop=tuple(stop), ignore_eos=ignore_eos, logprobs=logprobs)
     return Parsed(ids, params, stream, bool(opts.get("include_usage")))
 
 
@@ -125,6 +129,22 @@ def chunk(cid: str, model: str, text: str, finish_reason: str | None, created: i
     """One streamed piece (or, with every piece's text, the whole answer's choice)."""
     return {"id": cid, "object": "text_completion", "created": created or int(time.time()), "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def logprobs_body(entries: list, decode, offset: int = 0) -> dict | None:
+    """OpenAI's legacy completions ``logprobs`` of ``entries`` = [(token, (own lp, [(token, lp), ...]))];
+    ``decode`` one token's text; ``offset`` the first token's place in the answer's text."""
+    if not entries:
+        return None
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for tok, (own, top) in entries:
+        text = decode(tok)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(own)
+        out["top_logprobs"].append({decode(t): lp for t, lp in top})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from dispatch.engine.model import LeanModel
-from dispatch.engine.sampling import SamplingParams, sample
+from dispatch.engine.sampling import sample
 from dispatch.serve.blocks import BlockAllocator
 from dispatch.serve.model import kv_bytes_per_token
+from dispatch.serve.request import DEFAULT, Completion, RequestOutput, RequestParams
 from dispatch.serve.runner import ModelRunner
 from dispatch.serve.scheduler import QueueFull, Scheduler, SchedulerConfig, Sequence  # noqa: F401
 
@@ -58,53 +59,6 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
-
-
-@dataclass(frozen=True)
-class RequestParams:
-    """What one request asks for: ``max_tokens`` new tokens at most; temperature 0 = greedy."""
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self):
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
-        SamplingParams(self.temperature, self.top_p, self.seed)  # validates them
-        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass
-class RequestOutput:
-    """What a step did for one request: its new tokens (and all so far), and whether it finished."""
-
-    id: int
-    new_tokens: list[int]
-    tokens: list[int]
-    finished: bool = False
-    finish_reason: str | None = None  # "length" | "stop" | "abort"
-    stop_at: int | None = None  # where the matched stop string starts in the output text
-
-
-@dataclass
-class Completion:
-    """A finished request (:meth:`LLMEngine.generate`): tokens, why it stopped, its times."""
-
-    tokens: list[int]
-    finish_reason: str
-    ttft_s: float = float("nan")
-    itl_s: list[float] = field(default_factory=list)  # gaps between consecutive tokens
-    margins: list[float] = field(default_factory=list)  # greedy: top-1 minus top-2 logit per token
 
 
 class _Request:
@@ -185,7 +139,7 @@ class LLMEngine:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                              f"of {self.max_model_len} tokens")
 
-    def add_request(self, prompt: list[int], params: RequestParams = RequestParams(), *,
+    def add_request(self, prompt: list[int], params: RequestParams = DEFAULT, *,
                     arrival: float | None = None) -> int:
         """Queue a request; returns its id. ValueError for a bad one, QueueFull when the queue is full."""
         self.check_request(prompt, params)
@@ -221,17 +175,21 @@ class LLMEngine:
         logits, seqs = self.runner.run(sched)
         ready = self.scheduler.after_step(sched)
         assert [s.id for s in ready] == [s.id for s in seqs], "the runner's rows and the scheduler's disagree"
-        tokens = self._sample(logits, seqs)
+        picks = self._sample(logits, seqs)
+        lps = self._logprobs(logits, picks, seqs)
         now = time.perf_counter()
         outs = []
-        for seq, tok in zip(seqs, tokens, strict=True):
+        for seq, tok in zip(seqs, picks.tolist(), strict=True):
             req = self.requests[seq.id]
             seq.tokens.append(tok)
             req.times.append(now)
             outs.append(self._check_stop(req, tok))
+            if seq.id in lps:
+                outs[-1].logprobs = [lps[seq.id]]
         return outs
 
-    def _sample(self, logits_RV: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    def _sample(self, logits_RV: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Next token per row [R] on the device: argmax, or the request's own seeded draw."""
         picks = logits_RV.argmax(-1)
         if self.record_margins:
             top = logits_RV.topk(2, dim=-1).values
@@ -241,7 +199,25 @@ class LLMEngine:
             req = self.requests[seq.id]
             if req.generator is not None:
                 picks[r] = sample(logits_RV[r:r + 1], req.temperature, req.top_p, generator=req.generator)[0]
-        return picks.tolist()
+        return picks
+
+    def _logprobs(self, logits_RV, picks_R, seqs) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+        """{sequence id: (log p of its token, [(token, log p)] of the k most likely)} for the rows
+        whose request asked for ``logprobs`` (one pass over those rows)."""
+        rows = [r for r, s in enumerate(seqs) if self.requests[s.id].params.logprobs is not None]
+        if not rows:
+            return {}
+        idx = torch.tensor(rows, device=logits_RV.device)
+        lp = torch.log_softmax(logits_RV[idx].float(), dim=-1)
+        k = max(self.requests[seqs[r].id].params.logprobs for r in rows)
+        top_v, top_i = lp.topk(max(k, 1), dim=-1)
+        own = lp.gather(1, picks_R[idx][:, None])[:, 0].tolist()
+        top_v, top_i = top_v.tolist(), top_i.tolist()
+        out = {}
+        for j, r in enumerate(rows):
+            n = self.requests[seqs[r].id].params.logprobs
+            out[seqs[r].id] = (own[j], list(zip(top_i[j][:n], top_v[j][:n], strict=True)))
+        return out
 
     def _check_stop(self, req: _Request, tok: int) -> RequestOutput:
         seq, p = req.seq, req.params
@@ -263,7 +239,7 @@ class LLMEngine:
         return out
 
     # ---- all at once ----
-    def generate(self, prompts: list[list[int]], params: RequestParams | list[RequestParams] = RequestParams()
+    def generate(self, prompts: list[list[int]], params: RequestParams | list[RequestParams] = DEFAULT
                  ) -> list[Completion]:
         """Every prompt to completion, continuously batched; one :class:`Completion` per prompt, in order."""
         many = params if isinstance(params, list) else [params] * len(prompts)

@@ -5,7 +5,7 @@
     GET  /health           200, or 503 while shutting down or after an engine failure
     GET  /metrics          Prometheus text (:mod:`dispatch.serve.metrics`)
 
-The engine runs on a thread of its own (:class:`EngineLoop`), stepping while it has work; handlers
+The engine runs on a thread of its own (:class:`dispatch.serve.loop.EngineLoop`), stepping while it has work; handlers
 on the event loop talk to it through a command queue (add, abort) that it drains before every step,
 and it hands each request's outputs to that request's asyncio queue. A client that goes away — a
 closed stream, a cancelled request — cancels its handler, whose ``finally`` aborts the request:
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import queue
 import signal
 import socket
 import threading
@@ -28,92 +27,11 @@ from aiohttp import web
 
 from dispatch.serve import api
 from dispatch.serve.engine import LLMEngine
+from dispatch.serve.loop import EngineLoop
 from dispatch.serve.metrics import Metrics
 from dispatch.serve.scheduler import QueueFull
 
 log = logging.getLogger("dispatch.serve")
-
-
-class EngineLoop:
-    """The engine's thread: drain commands, step, hand out outputs (see the module docstring)."""
-
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
-        self.engine, self.loop = engine, loop
-        self.cmds: queue.SimpleQueue = queue.SimpleQueue()
-        self.wake = threading.Event()
-        self.sinks: dict[int, asyncio.Queue] = {}
-        self.closed, self.error = False, None
-        self.thread = threading.Thread(target=self._run, name="dispatch-engine", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def close(self) -> None:
-        self.closed = True
-        self.wake.set()
-        self.thread.join(timeout=30)
-
-    async def add(self, prompt: list[int], params) -> tuple[int, asyncio.Queue]:
-        """Queue a request; (id, its output queue). QueueFull / ValueError as the engine raises them."""
-        fut, sink = self.loop.create_future(), asyncio.Queue()
-        self.cmds.put(("add", prompt, params, sink, fut))
-        self.wake.set()
-        try:
-            return await asyncio.shield(fut), sink
-        except asyncio.CancelledError:  # the client left before the engine took it: abort it once it has
-            fut.add_done_callback(lambda f: f.exception() is None and self.abort(f.result()))
-            raise
-
-    def abort(self, rid: int) -> None:
-        self.cmds.put(("abort", rid))
-        self.wake.set()
-
-    def _answer(self, fut, value=None, exc=None) -> None:
-        def set_():
-            if not fut.done():
-                fut.set_exception(exc) if exc is not None else fut.set_result(value)
-        self.loop.call_soon_threadsafe(set_)
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                cmd = self.cmds.get_nowait()
-            except queue.Empty:
-                return
-            if cmd[0] == "add":
-                _, prompt, params, sink, fut = cmd
-                try:
-                    rid = self.engine.add_request(prompt, params)
-                except (QueueFull, ValueError) as e:
-                    self._answer(fut, exc=e)
-                    continue
-                self.sinks[rid] = sink
-                self._answer(fut, rid)
-            else:
-                self.sinks.pop(cmd[1], None)
-                self.engine.abort(cmd[1])
-
-    def _run(self) -> None:
-        while not self.closed:
-            self._drain()
-            if not self.engine.has_work():
-                self.wake.wait(0.05)
-                self.wake.clear()
-                continue
-            try:
-                outs = self.engine.step()
-            except Exception as e:  # noqa: BLE001 - every waiting handler must hear of it
-                log.exception("engine step failed")
-                self.error = e
-                for sink in self.sinks.values():
-                    self.loop.call_soon_threadsafe(sink.put_nowait, (e, time.perf_counter()))
-                self.sinks.clear()
-                return
-            now = time.perf_counter()
-            for o in outs:
-                sink = self.sinks.pop(o.id, None) if o.finished else self.sinks.get(o.id)
-                if sink is not None:
-                    self.loop.call_soon_threadsafe(sink.put_nowait, (o, now))
 
 
 class Server:
@@ -246,15 +164,21 @@ class Server:
             raise RuntimeError(f"the engine failed: {out}") from out
         return out, t
 
+    def _one(self, token: int) -> str:
+        return self.tok.decode([token])
+
     async def _whole(self, parsed, sink, times):
+        entries = []
         while True:
             out, t = await self._next(sink)
             times.append(t)
+            entries += list(zip(out.new_tokens, out.logprobs or [], strict=False))
             if out.finished:
                 break
         text = self._decode(out.tokens)
         text = text[:out.stop_at] if out.stop_at is not None else text
         body = api.chunk(api.completion_id(), self.model_name, text, out.finish_reason)
+        body["choices"][0]["logprobs"] = api.logprobs_body(entries, self._one)
         body["usage"] = api.usage(len(parsed.prompt_ids), len(out.tokens))
         return web.json_response(body)
 
@@ -262,11 +186,16 @@ class Server:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         cid, created, text = api.completion_id(), int(time.time()), api.TextStream(self._decode, parsed.params.stop)
+        offset = 0
         try:
             while True:
                 out, _ = await self._next(sink)
                 piece = text.push(out.tokens, out.stop_at, final=out.finished)
                 body = api.chunk(cid, self.model_name, piece, out.finish_reason, created)
+                if out.logprobs:
+                    lp = api.logprobs_body(list(zip(out.new_tokens, out.logprobs, strict=True)), self._one, offset)
+                    body["choices"][0]["logprobs"] = lp
+                    offset = lp["text_offset"][-1] + len(lp["tokens"][-1])
                 await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
                 times.append(time.perf_counter())
                 if out.finished:

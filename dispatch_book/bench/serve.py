@@ -201,11 +201,14 @@ def reliability_row(url: str, name: str, a, V: int, deadline: float) -> dict:
     time.sleep(1.0)
     row.update(statuses=rep["statuses"], kinds=rep["kinds"], problems=rep["problems"][:10],
                blocks_held_after=_blocks_used(url), completed=len(rep["texts"]))
-    alone = {}
-    for i in list(rep["texts"])[:200]:
-        recs, _ = asyncio.run(serve_load.run_load(url, name, [reqs[i]], math.inf, ignore_eos=False))
-        alone[i] = recs[0].text
-    row.update(checked_alone=len(alone), differ_alone=[i for i, t in alone.items() if t != rep["texts"][i]])
+    differ = []
+    checked = list(rep["records"])[:200]
+    for i in checked:  # each completed answer against the same request alone (margins of near ties)
+        recs, _ = asyncio.run(serve_load.run_load(url, name, [reqs[i]], math.inf, ignore_eos=False, logprobs=2))
+        d = serve_load.first_difference(rep["records"][i], recs[0])
+        if d is not None:
+            differ.append({"request": i, **d})
+    row.update(checked_alone=len(checked), differ_alone=differ)
     return row
 
 

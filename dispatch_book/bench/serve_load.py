@@ -38,6 +38,8 @@ class Record:
     status: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    token_texts: list[str] = field(default_factory=list)  # with logprobs: each token's text
+    margins: list[float | None] = field(default_factory=list)  # with logprobs >= 2: log p1 - log p2
 
 
 def workload(n: int, prompt: tuple[int, int], output: tuple[int, int], vocab: int, seed: int = 0) -> list[Request]:
@@ -80,6 +82,7 @@ async def complete(session, url: str, body: dict, *, stop_after: int | None = No
                     rec.pieces.append(time.perf_counter())
                     rec.text += ch.get("text") or ""
                     rec.finish_reason = ch.get("finish_reason") or rec.finish_reason
+                    _add_logprobs(rec, ch.get("logprobs"))
                 if stop_after is not None and len(rec.pieces) >= stop_after:
                     resp.close()  # the client goes away mid-stream
                     rec.error = "disconnected"
@@ -90,15 +93,28 @@ async def complete(session, url: str, body: dict, *, stop_after: int | None = No
     return rec
 
 
-def body_of(model: str, req: Request, ignore_eos: bool = True) -> dict:
-    """A greedy streamed request; ``ignore_eos`` (a vLLM extension) only where the server takes it."""
+def _add_logprobs(rec: Record, lp: dict | None) -> None:
+    if not lp:
+        return
+    for text, top in zip(lp.get("tokens", []), lp.get("top_logprobs", []), strict=False):
+        vals = sorted((top or {}).values(), reverse=True)
+        rec.token_texts.append(text)
+        rec.margins.append(vals[0] - vals[1] if len(vals) >= 2 else None)
+
+
+def body_of(model: str, req: Request, ignore_eos: bool = True, logprobs: int | None = None) -> dict:
+    """A greedy streamed request; ``ignore_eos`` (a vLLM extension) only where the server takes it;
+    ``logprobs``: ask for the top tokens' log-probabilities (margins of near ties)."""
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     return {**body, "ignore_eos": True} if ignore_eos else body
 
 
 async def run_load(url: str, model: str, reqs: list[Request], rate: float, *, seed: int = 0, ignore_eos: bool = True,
-                   concurrency: int = 1024, timeout: float = 600) -> tuple[list[Record], float]:
+                   logprobs: int | None = None, concurrency: int = 1024, timeout: float = 600
+                   ) -> tuple[list[Record], float]:
     """Send ``reqs`` at Poisson ``rate``; (records in request order, wall seconds of the run)."""
     import aiohttp
 
@@ -109,7 +125,7 @@ async def run_load(url: str, model: str, reqs: list[Request], rate: float, *, se
 
         async def one(req, at):
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            return await complete(session, url, body_of(model, req, ignore_eos), timeout=timeout)
+            return await complete(session, url, body_of(model, req, ignore_eos, logprobs), timeout=timeout)
 
         recs = await asyncio.gather(*(one(r, at) for r, at in zip(reqs, offsets, strict=True)))
         return list(recs), time.perf_counter() - t0
@@ -163,6 +179,7 @@ async def reliability(url: str, model: str, reqs: list[Request], *, disconnect: 
     sem = asyncio.Semaphore(concurrency)
     statuses: dict[int, int] = {}
     texts: dict[int, str] = {}
+    done: dict[int, Record] = {}
     problems: list[str] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
         async def one(i, req, kind):
@@ -177,11 +194,11 @@ async def reliability(url: str, model: str, reqs: list[Request], *, disconnect: 
                             problems.append(f"malformed #{i}: {st} {str(body)[:120]}")
                 else:
                     stop = rng.randint(1, 3) if kind == "disconnect" else None
-                    rec = await complete(session, url, body_of(model, req, ignore_eos=False), stop_after=stop,
-                                         timeout=timeout)
+                    rec = await complete(session, url, body_of(model, req, ignore_eos=False, logprobs=2),
+                                         stop_after=stop, timeout=timeout)
                     st = rec.status
                     if kind == "full" and st == 200 and rec.error is None:
-                        texts[i] = rec.text
+                        texts[i], done[i] = rec.text, rec
                     elif kind == "full" and st != 429:
                         problems.append(f"request #{i}: {st} {rec.error}")
                 statuses[st] = statuses.get(st, 0) + 1
@@ -189,5 +206,17 @@ async def reliability(url: str, model: str, reqs: list[Request], *, disconnect: 
                     problems.append(f"#{i}: status {st}")
 
         await asyncio.gather(*(one(i, r, k) for i, (r, k) in enumerate(zip(reqs, kinds, strict=True))))
-    return {"statuses": statuses, "texts": texts, "problems": problems,
+    return {"statuses": statuses, "texts": texts, "records": done, "problems": problems,
             "kinds": {k: kinds.count(k) for k in ("full", "disconnect", "malformed")}}
+
+
+def first_difference(ours: Record, alone: Record) -> dict | None:
+    """Where a completed answer first differs from the same request sent alone: the token index and
+    the alone run's margin there (log p1 − log p2, the logit gap of its two best tokens; a near tie
+    when it is within round-off), or None when the texts agree."""
+    if ours.text == alone.text:
+        return None
+    j = next((k for k, (a, b) in enumerate(zip(ours.token_texts, alone.token_texts, strict=False)) if a != b),
+             min(len(ours.token_texts), len(alone.token_texts)))
+    margin = alone.margins[j] if j < len(alone.margins) else None
+    return {"token": j, "margin_alone": margin}
