@@ -157,9 +157,9 @@ class BlockAllocator:
     def commit(self, table: BlockTable, tokens: list[int], n_computed: int) -> None:
         """Hash the table's blocks that are full and computed (their K/V written): from now on a new
         sequence with the same prefix can take them."""
-        if not self.prefix_caching:
-            return
         bs = self.block_size
+        if not self.prefix_caching or n_computed // bs <= len(table.hashes):  # nothing newly full: most steps
+            return
         for i in range(len(table.hashes), min(n_computed // bs, len(table.blocks))):
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
             h = self.chain(table.hashes[-1] if table.hashes else None, chunk)

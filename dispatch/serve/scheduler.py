@@ -121,20 +121,21 @@ class Scheduler:
 
     def schedule(self) -> Scheduled:
         """The next step's sequences (see the module docstring); may preempt, never raises."""
-        out, budget = Scheduled(), self.cfg.max_step_tokens
+        out, budget, gone = Scheduled(), self.cfg.max_step_tokens, set()  # gone: ids preempted just now
         for seq in list(self.running):  # 1. decode rows, oldest first
-            if seq not in self.running or seq.left != 1 or budget == 0:
+            if seq.id in gone or seq.left != 1 or budget == 0:
                 continue
             while not self.alloc.grow(seq.table, len(seq.tokens)):
                 victim = self.running[-1]
                 self._preempt(victim)
+                gone.add(victim.id)
                 out.preempted.append(victim)
                 if victim in out.decode:
                     out.decode.remove(victim)
                     budget += 1
                 if victim is seq:
                     break
-            if seq in self.running:
+            if seq.id not in gone:
                 out.decode.append(seq)
                 budget -= 1
         for seq in self.running:  # 2. prompts in progress (their blocks are taken at admission)
