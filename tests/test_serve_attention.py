@@ -4,6 +4,8 @@ fp32 and fp16. Tolerance: relative to the largest |reference| value, 1e-5 in fp3
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatch.engine.attention import decode_attention
 from dispatch.serve.attention import (
@@ -124,3 +126,24 @@ def test_bad_inputs_fail_before_any_launch():
         paged_prefill_attention(q, k_blocks, v_blocks, table, torch.tensor([0, 2]), one, torch.zeros(2).long())
     with pytest.raises(ValueError, match="chunk positions"):
         paged_prefill_attention(q, k_blocks, v_blocks, table, torch.arange(2), one, torch.tensor([0, 8]))
+
+
+@settings(max_examples=15)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=4), st.sampled_from([(4, 4), (4, 2), (6, 1), (8, 2)]),
+       st.sampled_from([1, 3, 4, 16]), st.integers(0, 2 ** 16))
+def test_random_shapes_against_twins(lengths, heads, BS, seed):
+    """Random lengths, block sizes (1 and non-powers of two included) and head groupings: both
+    kernels against their twins; the prefill kernel's chunks start anywhere in a sequence."""
+    NH, KV = heads
+    k_blocks, v_blocks, table, _, _ = paged(lengths, KV, 16, BS, torch.float32, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.tensor([torch.randint(0, n, (1,), generator=g).item() for n in lengths])
+    q = torch.randn(len(lengths), NH, 16, generator=g)
+    assert close(paged_decode_attention(q, k_blocks, v_blocks, table, pos),
+                 paged_decode_attention_torch(q, k_blocks, v_blocks, table, pos), torch.float32)
+    q_len = torch.tensor([int(torch.randint(1, n - p + 1, (1,), generator=g)) for n, p in zip(lengths, pos.tolist(),
+                                                                                             strict=True)])
+    q_start = torch.cumsum(q_len, 0) - q_len
+    qc = torch.randn(int(q_len.sum()), NH, 16, generator=g)
+    args = (qc, k_blocks, v_blocks, table, q_start, q_len, pos)
+    assert close(paged_prefill_attention(*args), paged_prefill_attention_torch(*args), torch.float32)
