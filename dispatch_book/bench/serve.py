@@ -175,12 +175,16 @@ def save_folder(model, tok) -> str:
     return folder
 
 
-def kept_rows(parts: list[str], out: str | None) -> list[dict]:
-    """Rows of the parts this run does not measure, from the file it is about to replace."""
+def kept(parts: list[str], out: str | None) -> tuple[list[dict], dict]:
+    """The rows (and workload descriptions) of the parts this run does not measure: from the file it
+    is about to replace, else from this GPU's recording shipped with the package (so a second GPU
+    call adds to the first)."""
     path = pathlib.Path(out or results.SCRATCH) / bench.gpu_slug() / "serve.json"
-    if not path.is_file():
-        return []
-    return [r for r in json.loads(path.read_text())["rows"] if r.get("part") not in parts]
+    doc = json.loads(path.read_text()) if path.is_file() else results.load("serve", bench.gpu_slug())
+    if doc is None:
+        return [], {}
+    return [r for r in doc["rows"] if r.get("part") not in parts], \
+        {k: doc[k] for k in ("offline", "online", "model", "dtype") if k in doc and k not in parts}
 
 
 def _blocks_used(url: str) -> int:
@@ -217,8 +221,8 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     deadline = t_start + a.budget_s
     parts, names = a.parts.split(","), a.contestants.split(",")
-    rows = kept_rows(parts, results._cli["out"])
-    extra = {"slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms}}
+    rows, extra = kept(parts, results._cli["out"])
+    extra["slo"] = {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms}
 
     def record(row):
         rows.append(row)
