@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q $(PIP_EXTRA) -e ".[book,dev]"
+	$(PY) -m pip install -q $(PIP_EXTRA) -e ".[book,dev,serve]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 

@@ -372,3 +372,6 @@ def ch06_sampling(mod) -> None:
     got = draw(rows.repeat(50, 1), 1.0, 1e-6, 13)
     assert got.tolist() == top, "sample: with a tiny top_p only the most likely token can be drawn"
     assert tuple(draw(torch.zeros(0, 5), 1.0, 1.0, 14).shape) == (0,), "sample: no rows, no tokens"
+
+
+from exercises._checks_ch08 import ch08_block_allocator, ch08_scheduler_step  # noqa: E402, F401
