@@ -52,6 +52,7 @@ PLAN = (
     Step("step_kernels", ("step_kernels",), 80),
     Step("e2e", ("e2e", "--profile", "--budget-s", "150"), 190, writes=("e2e", "e2e_profile")),
     Step("quant", ("quant", "--quick", "--shapes", ",".join(_SHAPES)), 200),
+    Step("serve", ("serve", "--budget-s", "500", "--reliability-n", "2000"), 540),  # chapter 8 (optional)
     Step("book_gpu", ("book",), 420),  # no chapter reads it: recorded last, not needed for a complete set
 )
 PLAN_FILES = tuple(dict.fromkeys(f for s in PLAN for f in s.files))

@@ -231,7 +231,7 @@ def load(name: str, gpu: str | None = None, *, root: str | os.PathLike | None = 
 
     base = pathlib.Path(root) if root is not None else recorded()
     if gpu is None:
-        if name not in sets.SET:
+        if name not in sets.SET and name not in sets.OPTIONAL:
             raise ValueError(f"{name!r} is not one of the recordings of a set ({', '.join(sets.SET)}): name "
                              f"the GPU it was recorded on, load({name!r}, gpu=...)")
         slug = sets.current(root)

@@ -39,6 +39,14 @@ MEASURES = {
     "quant": (*_KERNELS, "dispatch/quant", "dispatch_book/bench/quant.py"),
 }
 SET = tuple(MEASURES)
+# Suites a chapter reads from the set when the set has them, and measures live (or says so) when not:
+# the newest suites, not yet recorded on every GPU. They do not decide whether a set is complete.
+OPTIONAL = {
+    "serve": ("dispatch/serve", "dispatch/engine", "dispatch/kernels", "dispatch_book/bench/serve.py",
+              "dispatch_book/bench/serve_load.py", "dispatch_book/bench/serve_online.py",
+              "dispatch_book/bench/serve_peers.py"),
+    "speculative": ("dispatch/serve", "dispatch/engine", "dispatch/kernels", "dispatch_book/bench/speculative.py"),
+}
 # Recordings a chapter may read that are not part of a set: it names their GPU (`load(name, gpu=...)`);
 # book_gpu (every chapter on the GPU, both budgets) is recorded with a set, but no chapter needs it.
 EXTRA_MEASURES = {
@@ -54,6 +62,8 @@ def measured_paths(name: str) -> tuple[str, ...]:
     """The repository paths whose change makes recording ``name`` stale (the suite's own module at least)."""
     if name in MEASURES:
         return MEASURES[name]
+    if name in OPTIONAL:
+        return OPTIONAL[name]
     if name in EXTRA_MEASURES:
         return EXTRA_MEASURES[name]
     raise ValueError(f"unknown recording {name!r}: add it to dispatch_book.bench.sets.MEASURES (a suite of the "
