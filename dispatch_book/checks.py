@@ -87,12 +87,24 @@ def _wrap_code(line: str, width: int) -> list[str]:
     return out + [line]
 
 
-def show_source(fn, *, start: int | None = None, stop: int | None = None) -> None:
+def show_source(fn, *, start: int | None = None, stop: int | None = None, specialise: dict | None = None) -> None:
     """Print a function's source as the package has it (a ``@triton.jit`` function's ``.fn``), with
     line numbers so the prose can point at them (a line wider than the book's column continues on
-    an unnumbered line); ``start``/``stop`` pick a line range (1-based)."""
+    an unnumbered line); ``start``/``stop`` pick a line range (1-based).
+
+    ``specialise`` (switch → value, e.g. ``{"QUANT": False, "TMA": False}``): the source as a chapter
+    where those switches are off needs it (:mod:`dispatch_book.specialise`: branches they rule out
+    dropped, helpers they reduce inlined), numbered as shown, with one line under it saying what
+    went: ``# specialised: QUANT=False, TMA=False; 14 lines dropped, 2 calls inlined``."""
     fn = getattr(fn, "fn", fn)
-    lines = inspect.getsource(fn).rstrip("\n").splitlines()
+    listing = None
+    if specialise is not None:
+        from dispatch_book.specialise import specialise as _specialise
+
+        listing = _specialise(fn, specialise)
+        lines = list(listing.lines)
+    else:
+        lines = inspect.getsource(fn).rstrip("\n").splitlines()
     first = start or 1
     lines = lines[first - 1:stop]
     path = inspect.getsourcefile(fn) or "?"
@@ -101,6 +113,8 @@ def show_source(fn, *, start: int | None = None, stop: int | None = None) -> Non
     for i, line in enumerate(lines, first):
         for j, part in enumerate(_wrap_code(line, COLUMN - 5)):
             print(f"{i:3d}  {part}" if j == 0 else f"     {part}")
+    if listing is not None:
+        print(fill(f"# {listing.summary()}"))
 
 
 def ceilings(gpu: str | None = None) -> dict:

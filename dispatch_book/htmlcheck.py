@@ -16,6 +16,10 @@ It reads every page's article (the theme's navigation and buttons are left out) 
   they were made at.
 * **words about how the book was made** (``WORDS``, case-insensitive, whole words), anywhere in the
   article: prose, code and outputs.
+* **names the book must never mention** (``HIDDEN``): names of unpublished projects. They are kept as
+  SHA-256 digests of the lower-cased word, so that the repository never spells them: every word of the
+  article (a run of letters and digits) is hashed and looked up. A digest hides a name from a reader of
+  the code, not from someone who guesses it; that is all it is for.
 
 ``python -m dispatch_book.htmlcheck DIR`` prints each finding with its page and a per-page count,
 and exits 1 if there is any.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import hashlib
 import pathlib
 import re
 import struct
@@ -35,7 +40,12 @@ CODE_CHARS = 88
 OUTPUT_CHARS = 88
 COLUMN_PX = 676
 MIN_SCALE = 0.7
-WORDS = re.compile(r"shared/|\b(?:the issue|issues|switchyard|tickets?|helpers?|the lead)\b", re.IGNORECASE)
+WORDS = re.compile(r"shared/|\b(?:the issue|issues|tickets?|helpers?|the lead)\b", re.IGNORECASE)
+# sha256(word.lower()) of each name the book must never mention (see the module's docstring).
+HIDDEN = frozenset({
+    "3e865a8f1fca8d39afb548a7b2ff97019d9f12a3af0a846d4ef83b584b59fd0d",
+})
+_WORD = re.compile(r"[^\W_]+")
 _BLOCKS = {"div", "p", "pre", "li", "td", "th", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "br", "section", "dt", "dd"}
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
@@ -159,10 +169,18 @@ def check_page(path: pathlib.Path, name: str | None = None, code_chars: int = CO
             found.append(Finding(name, "figure", f"{shown}: {width} px wide, drawn at {column_px} px "
                                                  f"({100 * column_px / width:.0f}% < {100 * min_scale:.0f}%)"))
     text = re.sub(r"\s+", " ", "".join(parser.text))
-    for m in WORDS.finditer(text):
+    hits = [*WORDS.finditer(text), *hidden_words(text)]
+    for m in sorted(hits, key=lambda m: m.start()):
         context = text[max(0, m.start() - 30): m.end() + 30]
         found.append(Finding(name, "words", f"{m.group(0)!r} in …{context.strip()}…"))
     return found
+
+
+def hidden_words(text: str, hidden: frozenset[str] | None = None) -> list[re.Match]:
+    """The words of ``text`` whose lower-cased SHA-256 digest is in ``hidden`` (default ``HIDDEN``)."""
+    hidden = HIDDEN if hidden is None else hidden
+    return [m for m in _WORD.finditer(text)
+            if hashlib.sha256(m.group(0).lower().encode()).hexdigest() in hidden]
 
 
 def pages(root: pathlib.Path) -> list[pathlib.Path]:

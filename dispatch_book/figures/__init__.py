@@ -1,4 +1,4 @@
-"""The book's figures: one module per chapter (``routing``, ``sorting``, ``gemm``, ``decode``,
+"""The book's figures: one module per chapter (``routing``, ``triton``, ``sorting``, ``gemm``, ``decode``,
 ``parallel``, ``balance``, ``engine``), sharing the few conventions below."""
 from __future__ import annotations
 
