@@ -125,7 +125,7 @@ def test_record_skips_steps_finished_from_this_commit(tmp_path):
     record.finish(step, folder, GOOD, 12.5, rc=0)
     assert record.done(step, folder, GOOD) and not record.done(step, folder, "f" * 40)
     assert record.expected_s(step, folder) == 12.5
-    record.finish(step, folder, "f" * 40, 3.0, rc=1)  # another commit: a fresh log, the old seconds kept
+    record.finish(step, folder, "f" * 40, 3.0, rc=1)  # a later run that failed: not done, its seconds kept
     assert not record.done(step, folder, GOOD) and record.expected_s(step, folder) == 3.0
     other = next(s for s in record.PLAN if s.name == "decode")
     assert record.expected_s(other, folder) == other.guess_s
@@ -142,3 +142,23 @@ def test_record_refuses_a_dirty_tree_and_lists_the_plan(tmp_path, monkeypatch, c
     record.main(["--list", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "0 of" in out and all(s.name in out for s in record.PLAN)
+
+
+def test_record_reuses_a_step_whose_code_did_not_change_only_when_asked(tmp_path, monkeypatch):
+    repo, first = _repo(tmp_path)
+    folder = tmp_path / "h200"
+    folder.mkdir()
+    step = next(s for s in record.PLAN if s.name == "routing_sort")
+    (folder / "routing_sort.json").write_text(json.dumps(_doc("routing_sort", "NVIDIA H200", commit=first)))
+    record.finish(step, folder, first, 9.0, rc=0)
+    monkeypatch.setattr(evidence, "repo", lambda: repo)
+    evidence.changed.cache_clear()
+    (repo / "notes.txt").write_text("unrelated\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "unrelated")
+    later = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert not record.done(step, folder, later) and record.done(step, folder, later, reuse_fresh=True)
+    (repo / "dispatch" / "kernels" / "routing.py").write_text("x = 3\n")
+    _git(repo, "commit", "-qam", "routing changed")
+    evidence.changed.cache_clear()
+    assert not record.done(step, folder, later, reuse_fresh=True), "what it measured changed since"

@@ -66,36 +66,40 @@ def _doc(folder: pathlib.Path, name: str) -> dict | None:
 
 
 def log(folder: pathlib.Path) -> dict:
-    """The set's record log: ``{"git_commit", "gpu", "steps": {step: {"wall_s", "date", "exit"}}}``."""
+    """The set's record log: ``{"gpu", "steps": {step: {"git_commit", "wall_s", "date", "exit"}}}`` — each
+    step's last run."""
     f = folder / LOG
     return json.loads(f.read_text()) if f.is_file() else {"steps": {}}
 
 
-def done(step: Step, folder: pathlib.Path, commit: str) -> bool:
-    """``step`` finished (exit 0) in a run of ``commit`` and its recordings are there."""
-    entry = log(folder)
-    ok = entry.get("git_commit") == commit and entry["steps"].get(step.name, {}).get("exit") == 0
-    return ok and all((folder / f"{n}.json").is_file() for n in step.files)
+def done(step: Step, folder: pathlib.Path, commit: str, reuse_fresh: bool = False) -> bool:
+    """``step``'s last run finished (exit 0) and its recordings are there, from ``commit`` — or, with
+    ``reuse_fresh`` (a git checkout), from a commit after which nothing it measures has changed."""
+    entry = log(folder)["steps"].get(step.name, {})
+    if entry.get("exit") != 0 or not all((folder / f"{n}.json").is_file() for n in step.files):
+        return False
+    if entry.get("git_commit") == commit:
+        return True
+    if not reuse_fresh:
+        return False
+    from dispatch_book.bench import evidence
+
+    paths = tuple(dict.fromkeys(p for n in step.files for p in sets.measured_paths(n)))
+    return evidence.changed(entry["git_commit"], paths) == ()
 
 
 def expected_s(step: Step, folder: pathlib.Path) -> float:
     """The step's seconds in this GPU's last record, else the plan's guess."""
-    entry = log(folder)
-    seen = entry["steps"].get(step.name, {}).get("wall_s") or entry.get("estimates", {}).get(step.name)
-    return float(seen or step.guess_s)
+    return float(log(folder)["steps"].get(step.name, {}).get("wall_s") or step.guess_s)
 
 
 def finish(step: Step, folder: pathlib.Path, commit: str, seconds: float, rc: int) -> None:
-    """Write the step's outcome into the record log (a log of another commit is started afresh, keeping
-    its seconds as the estimates of steps not yet run)."""
+    """Write the step's outcome (its commit, seconds and exit status) into the record log."""
     import datetime
 
     entry = log(folder)
-    if entry.get("git_commit") != commit:
-        old = entry["steps"]
-        entry = {"git_commit": commit, "gpu": results.gpu_slug(), "steps": {}, "estimates": {
-            k: v["wall_s"] for k, v in old.items() if "wall_s" in v}}
-    entry["steps"][step.name] = {"wall_s": round(seconds, 1), "exit": rc,
+    entry["gpu"] = results.gpu_slug()
+    entry["steps"][step.name] = {"git_commit": commit, "wall_s": round(seconds, 1), "exit": rc,
                                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{LOG}.tmp"
@@ -138,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default=None, help="comma-separated steps (default: all of them)")
     ap.add_argument("--list", action="store_true", help="print the plan and what is recorded, run nothing")
     ap.add_argument("--with-tests", default=None, metavar="LOG", help="run `pytest -m gpu` beside the book step")
+    ap.add_argument("--reuse-fresh", action="store_true", help="in a git checkout: keep a step recorded at an "
+                    "earlier commit when nothing it measures changed since (the set then spans commits)")
     a = ap.parse_args(argv)
     steps = PLAN if a.only is None else [s for s in PLAN if s.name in a.only.split(",")]
     if a.only and len(steps) != len(a.only.split(",")):
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     out = a.out or str(results.SCRATCH)
     folder = pathlib.Path(out) / results.gpu_slug()
     t0 = time.time()
-    todo = [s for s in steps if not done(s, folder, commit)]
+    todo = [s for s in steps if not done(s, folder, commit, a.reuse_fresh)]
     print(f"set {folder} at {commit}: {len(steps) - len(todo)} of {len(steps)} steps recorded", flush=True)
     for s in steps:
         print(f"  {s.name:<26} {'recorded' if s not in todo else f'~{expected_s(s, folder):.0f} s'}")
@@ -170,5 +176,5 @@ def main(argv: list[str] | None = None) -> None:
         rc = run_step(s, out, left, a.with_tests)
         finish(s, folder, commit, time.time() - t_step, rc)
         print(f"== {s.name}: exit {rc} after {time.time() - t_step:.0f} s", flush=True)
-    left = [s.name for s in steps if not done(s, folder, commit)]
+    left = [s.name for s in steps if not done(s, folder, commit, a.reuse_fresh)]
     print("complete: every step recorded" if not left else f"not yet recorded: {', '.join(left)} (run again)")
