@@ -162,3 +162,13 @@ def test_record_reuses_a_step_whose_code_did_not_change_only_when_asked(tmp_path
     _git(repo, "commit", "-qam", "routing changed")
     evidence.changed.cache_clear()
     assert not record.done(step, folder, later, reuse_fresh=True), "what it measured changed since"
+
+
+def test_a_docstring_or_comment_changes_nothing_measured(tmp_path):
+    repo, first = _repo(tmp_path)
+    (repo / "dispatch" / "kernels" / "routing.py").write_text('"""Routing."""\n# why\nx = 1\n')
+    _git(repo, "commit", "-qam", "words only")
+    assert evidence.changed(first, ("dispatch/kernels",), repo) == ()
+    (repo / "dispatch" / "kernels" / "routing.py").write_text('"""Routing."""\nx = 2\n')
+    _git(repo, "commit", "-qam", "code")
+    assert evidence.changed(first, ("dispatch/kernels",), repo) == ("dispatch/kernels/routing.py",)

@@ -53,20 +53,45 @@ def _code_cells(text: str) -> list[str]:
 
 @functools.lru_cache(maxsize=256)
 def changed(commit: str, paths: tuple[str, ...], top: pathlib.Path | None = None) -> tuple[str, ...] | None:
-    """The files under ``paths`` that differ between ``commit`` and ``HEAD`` (a notebook counts only when
-    its code cells differ); None when ``commit`` is not in this checkout."""
+    """The files under ``paths`` whose code differs between ``commit`` and ``HEAD`` (a notebook counts only
+    when its code cells differ, a Python file not for docstrings or comments); None when ``commit`` is not in
+    this checkout."""
     top = top or repo()
     if top is None or _git(top, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         return None
     diff = _git(top, "diff", "--name-only", commit, "HEAD", "--", *paths).stdout.split()
     out = []
     for f in diff:
-        if f.endswith(".ipynb"):
-            old, new = _git(top, "show", f"{commit}:{f}"), _git(top, "show", f"HEAD:{f}")
-            if old.returncode == 0 and new.returncode == 0 and _code_cells(old.stdout) == _code_cells(new.stdout):
-                continue
+        old, new = _git(top, "show", f"{commit}:{f}"), _git(top, "show", f"HEAD:{f}")
+        if old.returncode == 0 and new.returncode == 0 and _same_code(f, old.stdout, new.stdout):
+            continue
         out.append(f)
     return tuple(out)
+
+
+def _same_code(path: str, old: str, new: str) -> bool:
+    """Two versions of a file do the same: a notebook's code cells are equal, a Python file's syntax tree
+    is equal once docstrings are left out (comments and docstrings measure nothing)."""
+    if path.endswith(".ipynb"):
+        return _code_cells(old) == _code_cells(new)
+    if path.endswith(".py"):
+        try:
+            return _tree(old) == _tree(new)
+        except SyntaxError:
+            return False
+    return False
+
+
+def _tree(src: str) -> str:
+    import ast
+
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def _commits(doc: dict) -> list[tuple[str, str]]:
