@@ -152,7 +152,6 @@ def test_record_reuses_a_step_whose_code_did_not_change_only_when_asked(tmp_path
     (folder / "routing_sort.json").write_text(json.dumps(_doc("routing_sort", "NVIDIA H200", commit=first)))
     record.finish(step, folder, first, 9.0, rc=0)
     monkeypatch.setattr(evidence, "repo", lambda: repo)
-    evidence.changed.cache_clear()
     (repo / "notes.txt").write_text("unrelated\n")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "unrelated")
@@ -160,7 +159,6 @@ def test_record_reuses_a_step_whose_code_did_not_change_only_when_asked(tmp_path
     assert not record.done(step, folder, later) and record.done(step, folder, later, reuse_fresh=True)
     (repo / "dispatch" / "kernels" / "routing.py").write_text("x = 3\n")
     _git(repo, "commit", "-qam", "routing changed")
-    evidence.changed.cache_clear()
     assert not record.done(step, folder, later, reuse_fresh=True), "what it measured changed since"
 
 

@@ -51,7 +51,6 @@ def _code_cells(text: str) -> list[str]:
         return [text]
 
 
-@functools.lru_cache(maxsize=256)
 def changed(commit: str, paths: tuple[str, ...], top: pathlib.Path | None = None) -> tuple[str, ...] | None:
     """The files under ``paths`` whose code differs between ``commit`` and ``HEAD`` (a notebook counts only
     when its code cells differ, a Python file not for docstrings or comments); None when ``commit`` is not in
@@ -59,10 +58,15 @@ def changed(commit: str, paths: tuple[str, ...], top: pathlib.Path | None = None
     top = top or repo()
     if top is None or _git(top, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         return None
-    diff = _git(top, "diff", "--name-only", commit, "HEAD", "--", *paths).stdout.split()
+    return _changed(commit, _git(top, "rev-parse", "HEAD").stdout.strip(), paths, top)
+
+
+@functools.lru_cache(maxsize=256)
+def _changed(commit: str, head: str, paths: tuple[str, ...], top: pathlib.Path) -> tuple[str, ...]:
+    diff = _git(top, "diff", "--name-only", commit, head, "--", *paths).stdout.split()
     out = []
     for f in diff:
-        old, new = _git(top, "show", f"{commit}:{f}"), _git(top, "show", f"HEAD:{f}")
+        old, new = _git(top, "show", f"{commit}:{f}"), _git(top, "show", f"{head}:{f}")
         if old.returncode == 0 and new.returncode == 0 and _same_code(f, old.stdout, new.stdout):
             continue
         out.append(f)
