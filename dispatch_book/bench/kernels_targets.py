@@ -88,7 +88,8 @@ def _us_or_reason(row) -> float | str:
         return "not recorded"
     if "median_ms" in row:
         return row["median_ms"] * 1e3
-    return "did not run: " + str(row.get("skipped") or row.get("error") or row.get("status") or "no timing")
+    why = str(row.get("skipped") or row.get("error") or row.get("status") or "no timing")
+    return why if why.startswith("did not run") else f"did not run: {why}"
 
 
 def closing_rows(docs, decode_max_tokens: int = 64) -> list[dict]:
