@@ -230,3 +230,47 @@ def test_closing_table_counts_the_targets_on_hand_made_rows():
     text = kernels_targets.closing_table([{"rows": rows[:2]}, {"rows": rows[2:]}])
     assert "| a | 4096 | zipf:3 | 3.00 | 1050.0 | did not run: no grouped_mm | 1000.0 | 1.050 |" in text
     assert "ours ≤ peer: 2 of 3 (missed: a T=256 zipf:3)" in text
+
+
+# ---- on the GPU (bf16): what the race times is what the reference computes ----
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("routing", ["uniform", "zipf:3"])
+def test_gpu_torch_grouped_and_shipped_peer_configs(routing):
+    """torch's grouped GEMM (replayed from a CUDA graph, as the race times it) and every shipped vLLM
+    config nearest the size compute the layer in bf16, at a decode size and a prefill size."""
+    from dispatch import runtime
+    from dispatch_book.bench.harness import capture_graph
+
+    dt = runtime.compute_dtype()
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b"):
+        cfg = PRESETS[name]
+        w = random_weights(cfg, dtype=dt, device="cuda")
+        for T in (64, 4096):
+            x, wts, ids = kernels.race_inputs(cfg, T, torch.device("cuda"), dt, routing)
+            ref = experts_reference(x, wts.to(dt), ids, w.gate_up_E2IH, w.down_EHI).float()
+            args = (x, wts, ids, w.gate_up_E2IH, w.down_EHI)
+            out = torch.empty_like(ref)
+            g = capture_graph(lambda a=args, o=out: o.copy_(torch_grouped.grouped_mm_experts(*a)), warmup=1)
+            out.zero_()
+            g.replay()
+            torch.cuda.synchronize()
+            assert ((out - ref).norm() / ref.norm()).item() < kernels.TOLERANCE, (name, T)
+            for c, src in peer_search.shipped(cfg.E, cfg.I, T, runtime.device_name(torch.device("cuda"))):
+                y = peers.fused_moe(*args, peers.align(ids, cfg.E, c[0]), c).float()
+                assert ((y - ref).norm() / ref.norm()).item() < kernels.TOLERANCE, (name, T, c, src)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_peer_search_finds_a_correct_config_within_its_budget():
+    from dispatch import runtime
+
+    cfg, dt, dev = PRESETS["olmoe-1b-7b"], runtime.compute_dtype(), torch.device("cuda")
+    w = random_weights(cfg, dtype=dt, device=dev)
+    x, wts, ids = kernels.race_inputs(cfg, 256, dev, dt, "zipf:3")
+    ref = experts_reference(x, wts.to(dt), ids, w.gate_up_E2IH, w.down_EHI)
+    fn, found = peer_search.tuned_peer(cfg, w, x, wts, ids, ref, dev, kernels.TOLERANCE, budget_s=20.0)
+    assert found["timed"] >= 1 and found["us"] > 0 and found["seconds"] < 20.0 + 15.0  # one candidate may overrun
+    assert ((fn().float() - ref.float()).norm() / ref.float().norm()).item() < kernels.TOLERANCE
