@@ -122,7 +122,7 @@ def test_candidates_start_from_this_gpus_table_then_the_grid():
     assert set(peer_search.block_ms(256, 8, 64, 1.0)) < set(skewed)
 
 
-def _fake_search(budget_s=60.0, cands=None):
+def _fake_search(budget_s=60.0, cands=None, prepare=None):
     cands = cands or [((16, 64, 64, 1, 4, 3), "a"), ((16, 32, 64, 1, 4, 3), "b"), ((16, 128, 64, 1, 4, 3), "bad"),
                       ((16, 256, 64, 1, 4, 3), "boom")]
 
@@ -133,12 +133,14 @@ def _fake_search(budget_s=60.0, cands=None):
 
     price = {}  # µs by config: narrower N and more stages cheaper; the 'bad' one is wrong
     return peer_search.search(run, lambda y: y[1] != 128, lambda fn: price.setdefault(fn(), fn()[1] - fn()[5]),
-                              cands, budget_s)
+                              cands, budget_s, prepare=prepare)
 
 
 def test_search_takes_the_fastest_correct_config_then_refines_it():
-    out = _fake_search()
+    prepared = []
+    out = _fake_search(prepare=prepared.append)
     assert out["config"] == [16, 32, 64, 1, 4, 5] and out["source"] == "refine"  # stages 5: the grid's deepest
+    assert prepared == [peer_search.neighbours((16, 32, 64, 1, 4, 3))]  # compiled together, before timing
     assert out["stopped"] == "done" and out["tried"] == 4 + len(peer_search.neighbours((16, 32, 64, 1, 4, 3)))
     nothing = _fake_search(budget_s=0.0)
     assert nothing["config"] is None and nothing["stopped"] == "budget"

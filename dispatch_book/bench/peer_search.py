@@ -126,9 +126,10 @@ def candidates(T: int, K: int, E: int, I: int, device: str, busiest: float = 1.0
     return uniq
 
 
-def search(run, check, timer, cands, budget_s: float, log=None) -> dict:
+def search(run, check, timer, cands, budget_s: float, log=None, prepare=None) -> dict:
     """Check (``check(y) → bool``) and time (``timer(fn) → µs``) each of ``cands`` = [(config, source)]
-    with ``run(config) → y``, then the neighbours of the best; stop after ``budget_s`` seconds.
+    with ``run(config) → y``, then the neighbours of the best (``prepare(neighbours)`` first: compile them
+    at once); stop after ``budget_s`` seconds.
     → {"config", "source", "us", "tried", "timed", "seconds", "stopped"} (config None if none ran)."""
     t0, best, tried, timed, stopped = time.perf_counter(), None, set(), 0, "done"
 
@@ -159,6 +160,8 @@ def search(run, check, timer, cands, budget_s: float, log=None) -> dict:
         if not queue and not refined and best is not None:
             refined = True
             queue = [(n, "refine") for n in neighbours(best[0]) if n not in tried]
+            if prepare is not None and queue:
+                prepare([c for c, _ in queue])
     out = {"config": None, "source": None, "us": None, "tried": len(tried), "timed": timed,
            "seconds": round(time.perf_counter() - t0, 2), "stopped": stopped, "budget_s": budget_s}
     if best is not None:
@@ -186,7 +189,8 @@ def tuned_peer(cfg, w, x_TH, weights_TK, ids_TK, ref_TH, dev, tolerance: float, 
     busiest = routing_dist.busiest_over_mean(ids_TK, cfg.E)
     cands = candidates(T, K, cfg.E, cfg.I, skew.device_name(dev), busiest)
     timer = (lambda fn: graph_us(fn, reps=3)) if dev.type == "cuda" else (lambda fn: (fn(), 0.0)[1])
-    found = search(run, lambda y: rel_err(y, ref_TH) <= tolerance, timer, cands, budget_s, log)
+    prepare = (lambda cs: peers.precompile(cs, workers=len(cs))) if dev.type == "cuda" else None
+    found = search(run, lambda y: rel_err(y, ref_TH) <= tolerance, timer, cands, budget_s, log, prepare)
     if found["config"] is None:
         raise AssertionError(f"no peer config ran correctly at T={T}: {found}")
     c = tuple(found["config"])

@@ -156,22 +156,22 @@ def warm(configs, H: int = 2048, I: int = 1024, E: int = 64, K: int = 8) -> None
 
 
 def precompile(configs, workers: int = 7) -> None:
-    """Compile ``configs`` in parallel processes (Triton's disk cache), before the race times any. Where
-    ``TRITON_CACHE_DIR`` is set, the configs compiled into it are listed there (``peer_configs.json``)
-    and not compiled again: a later run on the same cache starts no workers for them."""
+    """Compile ``configs`` in parallel processes (Triton's disk cache), before the race times any. The
+    configs compiled into the cache are listed inside it (``peer_configs.json``) and not compiled again:
+    a later run on the same cache starts no workers for them."""
     import json
     import os
     import pathlib
     import subprocess
     import sys
 
-    note = pathlib.Path(os.environ["TRITON_CACHE_DIR"]) / "peer_configs.json" if os.environ.get("TRITON_CACHE_DIR") \
-        else None
-    done = {tuple(c) for c in json.loads(note.read_text())} if note is not None and note.is_file() else set()
+    cache = os.environ.get("TRITON_CACHE_DIR") or str(pathlib.Path.home() / ".triton" / "cache")  # Triton's default
+    note = pathlib.Path(cache) / "peer_configs.json"
+    done = {tuple(c) for c in json.loads(note.read_text())} if note.is_file() else set()
     configs = [list(c) for c in dict.fromkeys(tuple(c) for c in configs) if c not in done]
     code = "import json, sys; from dispatch_book.bench.peers import warm; warm(json.loads(sys.argv[1]))"
     procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(configs[w::workers])])
              for w in range(min(workers, len(configs)))]
-    if all(p.wait() == 0 for p in procs) and note is not None and configs:
+    if all(p.wait() == 0 for p in procs) and configs:
         note.parent.mkdir(parents=True, exist_ok=True)
         note.write_text(json.dumps(sorted(done | {tuple(c) for c in configs})))

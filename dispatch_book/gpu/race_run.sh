@@ -17,7 +17,7 @@
 # table, tuned rows merged into the shipped one: commit it as dispatch/tables/<slug>.json), race.log, done.txt.
 # With a tuned table in the tree the run is of <commit>+dirty: a preview; the recordings the book cites
 # come from the commit that holds the table (`python -m dispatch_book.bench all`).
-# Knobs (env): ROUTINGS ("uniform zipf:3"), SHAPES (the four), PEER_BUDGET_S (12), SKIP (contestant
+# Knobs (env): ROUTINGS ("uniform zipf:3"), SHAPES (the four), PEER_BUDGET_S (20), SKIP (contestant
 # prefixes not timed, default "hf_,ours_no_,ours_layer,ours_persistent"; FULL=1 times every one), TUNE, QUANT.
 set -u
 TOTAL_DEFAULT=560
@@ -30,7 +30,7 @@ touch "$RES/done.txt"
 ROUTINGS=${ROUTINGS:-uniform zipf:3}
 SHAPES=${SHAPES:-olmoe-1b-7b qwen3-30b-a3b deepseek-moe-16b mixtral-8x7b}
 TOKENS=1,8,64,256,1024,4096,16384
-PEER_BUDGET_S=${PEER_BUDGET_S:-12}
+PEER_BUDGET_S=${PEER_BUDGET_S:-20}
 SKIP=${SKIP:-hf_,ours_no_,ours_layer,ours_persistent}
 [ "${FULL:-0}" = 1 ] && SKIP=""
 slug=$(python3 -c "import torch; from dispatch import tables; print(tables.device_slug(torch.cuda.get_device_name()))")
@@ -47,7 +47,7 @@ for r in $ROUTINGS; do for s in $SHAPES; do steps+=("kernels:$r:$s"); done; done
 [ "${QUANT:-1}" = 1 ] && steps+=("quant")
 
 guess() {  # expected seconds of a step (an H100: the peer's compiles are cached after the first call)
-    case $1 in tune:*) echo 110;; kernels:*) echo 170;; quant) echo 200;; esac
+    case $1 in tune:*) echo 110;; kernels:*) echo 180;; quant) echo 200;; esac
 }
 table_in_tree() {  # the tuned table, where this run made one, is what every later step races on
     if [ -s "$RES/$slug.json" ]; then
