@@ -276,3 +276,25 @@ def test_gpu_peer_search_finds_a_correct_config_within_its_budget():
     fn, found = peer_search.tuned_peer(cfg, w, x, wts, ids, ref, dev, kernels.TOLERANCE, budget_s=20.0)
     assert found["timed"] >= 1 and found["us"] > 0 and found["seconds"] < 20.0 + 15.0  # one candidate may overrun
     assert ((fn().float() - ref.float()).norm() / ref.float().norm()).item() < kernels.TOLERANCE
+
+
+def test_a_skewed_race_on_the_cpu_records_routing_peer_and_grouped(monkeypatch):
+    """The whole row-building path of one size (interpreter, the tiny preset, zipf:2 routing): timings
+    faked, every other step real."""
+    monkeypatch.setattr(kernels, "_ceilings", lambda: {"bf16_tflops": 1.0, "hbm_read_gbps": 1.0})
+    monkeypatch.setattr(kernels, "GROUPED_MIN_T", 1)
+    monkeypatch.setattr(kernels, "graph_rounds", lambda fns, rounds: {
+        n: (fn(), {"median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0, "samples": 7, "graph": True})[1]
+        for n, fn in fns.items()})
+    rows = kernels.measure_shape("tiny", (3,), CPU, torch.float32, warmup=1, rep=1, routing="zipf:2.0",
+                                 skip=("hf_",), peer_budget_s=3.0, log=lambda s: None)
+    by = {r["contestant"]: r for r in rows}
+    assert {"ours_grouped", "ours_decode", "peer_fused_moe", "torch_grouped_mm", "hf_eager"} <= set(by)
+    assert all(r["routing"] == "zipf:2" and r["busiest_over_mean"] >= 1 and "zipf_exponent" in r for r in rows)
+    assert by["hf_eager"]["skipped"] == "not asked for (--skip)" and "median_ms" not in by["hf_eager"]
+    assert by["torch_grouped_mm"]["median_ms"] == 1.0 and by["torch_grouped_mm"]["rel_err"] < kernels.TOLERANCE
+    p = by["peer_fused_moe"]
+    assert p["median_ms"] == 1.0 and p["rel_err"] < kernels.TOLERANCE and p["config"] == p["peer_search"]["config"]
+    assert p["peer_search"]["timed"] >= 1 and by["ours_grouped"]["tiles"] == "tile policy"
+    table = kernels_targets.closing_rows({"rows": rows})
+    assert len(table) == 1 and table[0]["routing"] == "zipf:2" and table[0]["peer / ours"] == 1.0
