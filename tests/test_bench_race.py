@@ -298,3 +298,22 @@ def test_a_skewed_race_on_the_cpu_records_routing_peer_and_grouped(monkeypatch):
     assert p["peer_search"]["timed"] >= 1 and by["ours_grouped"]["tiles"] == "tile policy"
     table = kernels_targets.closing_rows({"rows": rows})
     assert len(table) == 1 and table[0]["routing"] == "zipf:2" and table[0]["peer / ours"] == 1.0
+
+
+def test_the_decode_and_quant_races_draw_from_the_routing():
+    from dispatch.tune import routing_dist
+    from dispatch_book.bench import decode
+    from dispatch_book.bench import quant as qb
+
+    cfg = PRESETS["tiny"]
+    _, _, w, ids, _, _ = decode.make_case("tiny", 6, CPU, torch.float32, seed=6, routing="zipf:2")
+    assert torch.equal(ids, routing_dist.draw("zipf:2", cfg, 6, torch.Generator().manual_seed(7))[1])
+
+    def once(fn):
+        fn()
+        return {"median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0, "samples": 1}
+
+    rows, _ = qb.measure("tiny", (2,), CPU, 1e12, timer=once, log=lambda *_: None, schemes=("int8-channel",),
+                         routing="trace:1")
+    assert rows[0]["routing"] == "trace:1" and rows[0]["busiest_over_mean"] >= 1.0
+    assert "rel_err_twin" in rows[0]["contestants"]["int8-channel"]
