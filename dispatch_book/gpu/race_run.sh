@@ -50,7 +50,7 @@ guess() {  # expected seconds of a step (an H100: the peer's compiles are cached
     case $1 in tune:*) echo 110;; kernels:*) echo 180;; quant) echo 200;; esac
 }
 table_in_tree() {  # the tuned table, where this run made one, is what every later step races on
-    if [ -s "$RES/$slug.json" ]; then
+    if [ -s "$RES/$slug.json" ] && ! cmp -s "$RES/$slug.json" "dispatch/tables/$slug.json"; then
         cp "$RES/$slug.json" "dispatch/tables/$slug.json"
         export DISPATCH_GIT_COMMIT="${COMMIT%+dirty}+dirty"
     fi
