@@ -141,7 +141,7 @@ def test_gpu_slug():
 
 @pytest.mark.parametrize("gpu, gbps, tflops", [
     ("Tesla T4", 320, 65), ("NVIDIA A100-SXM4-40GB", 1555, 312), ("NVIDIA A100-SXM4-80GB", 2039, 312),
-    ("NVIDIA H100 80GB HBM3", 3350, 989), ("NVIDIA H100 PCIe", 2000, 756), ("NVIDIA H200 NVL", 4800, 835)])
+    ("NVIDIA H100 SXM5 80GB", 3350, 989), ("NVIDIA H100 PCIe", 2000, 756), ("NVIDIA H200 NVL", 4800, 835)])
 def test_ceilings_from_the_datasheet(gpu, gbps, tflops):
     c = bench.ceilings(gpu)
     assert (c["hbm_copy_gbps"], c["hbm_read_gbps"], c["bf16_tflops"]) == (gbps, gbps, tflops)

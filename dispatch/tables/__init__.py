@@ -15,6 +15,9 @@ Quantized experts (``--quant``) have entries of their own: dtype 'bfloat16+<sche
 and 'bfloat16+<scheme>+w8a8' (the w8a8 grouped GEMM's up/down, read only within 2× of a bucket).
 A layer whose shared expert rides along in the decode kernels has a decode-only entry keyed by E + n
 experts and K + n choices (n = S / I), next to its own.
+Tuned under a routing other than uniform (``python -m dispatch.tune --routing zipf:3``,
+:mod:`dispatch.tune.routing_dist`), an entry's key ends with that routing: 'E=64,...,bfloat16,zipf:3';
+uniform entries keep the plain key.
 """
 from __future__ import annotations
 
@@ -34,9 +37,11 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "cpu"
 
 
-def shape_key(E: int, H: int, I: int, K: int, dtype) -> str:  # noqa: E741
-    """The key of one layer shape: 'E=64,H=2048,I=1024,K=8,bfloat16'."""
-    return f"E={E},H={H},I={I},K={K},{str(dtype).removeprefix('torch.')}"
+def shape_key(E: int, H: int, I: int, K: int, dtype, routing: str = "uniform") -> str:  # noqa: E741
+    """The key of one layer shape: 'E=64,H=2048,I=1024,K=8,bfloat16'; tuned under a routing other than
+    uniform (its canonical name, ``routing_dist.parse(spec).name``), with it appended: '...,bfloat16,zipf:3'."""
+    key = f"E={E},H={H},I={I},K={K},{str(dtype).removeprefix('torch.')}"
+    return key if routing == "uniform" else f"{key},{routing}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,9 +54,9 @@ def load(slug: str) -> dict:
     return json.loads(text)
 
 
-def entry(slug: str, E: int, H: int, I: int, K: int, dtype) -> dict | None:  # noqa: E741
-    """The tuned entry for this device and shape, or None."""
-    return load(slug).get("entries", {}).get(shape_key(E, H, I, K, dtype))
+def entry(slug: str, E: int, H: int, I: int, K: int, dtype, routing: str = "uniform") -> dict | None:  # noqa: E741
+    """The tuned entry for this device and shape (tuned under ``routing``), or None."""
+    return load(slug).get("entries", {}).get(shape_key(E, H, I, K, dtype, routing))
 
 
 def nearest_bucket(buckets, T: int, need: str | None = None, within: float | None = None) -> dict | None:

@@ -3,9 +3,14 @@
     python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
     python -m dispatch.tune --preset all --quant int8-channel,fp8-channel   (quantized experts only)
     python -m dispatch.tune --preset all --refine [--quant ...]   (the last steps from the table's configs)
+    python -m dispatch.tune --preset all --routing zipf:3   (entries for skewed routing, keyed '...,zipf:3')
 
 Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 16384), on one routing
-(softmax top-K of random logits, seeded), timed under CUDA-graph replay (median of several replays):
+(``--routing``, :mod:`dispatch.tune.routing_dist`: by default uniform, the softmax top-K of random
+logits; ``zipf:<r>`` a Zipf law with busiest/mean expert load r at 4096 tokens; ``trace`` the trained
+model's recorded routes; seeded), timed under CUDA-graph replay (median of several replays). Entries
+tuned under a routing other than uniform are keyed with its name (``tables.shape_key``), next to the
+uniform ones, which keep their keys:
 
 * **Grouped GEMM** (T ≥ 8), up and down kernels separately. ``block_m`` (the sort's padding, shared
   by both) from the rows per expert r = T·K/E: {16} below 12 rows, {16, 32}, {32, 64}, {64, 128},
@@ -63,7 +68,7 @@ import triton
 
 from dispatch import quant, runtime, tables
 from dispatch.config import PRESETS
-from dispatch.tune import refine
+from dispatch.tune import refine, routing_dist
 from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
 from dispatch.tune.search import BENCH_PRESETS, merge_entry, tune_preset
 
@@ -80,6 +85,8 @@ def main(argv=None) -> None:
     p.add_argument("--refine", action="store_true", help="instead: the down-tile and one-launch steps from the "
                    "table's decode configs (bf16 and shared; with --quant, those schemes' instead; --tokens: "
                    "those buckets only; dispatch.tune.refine)")
+    p.add_argument("--routing", default="uniform", help="the routing the cases draw: uniform, zipf:<busiest/mean at "
+                   "4096 tokens> (e.g. zipf:3) or trace[:<layer>]; entries keyed with it unless uniform")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)
@@ -92,6 +99,12 @@ def main(argv=None) -> None:
         if q.removesuffix("+w8a8") not in quant.SCHEMES or q.endswith("+w8a8") and not q.startswith("fp8"):
             raise SystemExit(f"unknown scheme {q!r}; choose from {sorted(quant.SCHEMES)} (fp8 ones also "
                              "as '<scheme>+w8a8': that entry alone)")
+    try:
+        routing = routing_dist.parse(a.routing).name
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if a.refine and routing != "uniform":
+        raise SystemExit("--refine starts from the table's uniform entries: tune other routings without it")
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
     tokens = sorted(int(t) for t in a.tokens.split(","))
@@ -119,7 +132,7 @@ def main(argv=None) -> None:
                                                            log=lambda s: print(s, flush=True), tokens=refine_tokens))
             else:
                 for key, e in tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
-                                          schemes=schemes).items():
+                                          schemes=schemes, routing=routing).items():
                     doc["entries"][key] = merge_entry(doc["entries"].get(key), e)  # other buckets stay
             doc.update(device=name, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        versions={"torch": torch.__version__, "triton": triton.__version__})

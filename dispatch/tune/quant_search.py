@@ -175,10 +175,11 @@ def tune_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
     return tune_grouped_w8a8(name, T, case, scheme, dev, timer, log)
 
 
-def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
+def tune_quant(name, tokens, dev, dtype, schemes, timer, log, routing: str = "uniform") -> dict:
     """The entries of one preset's quantized experts: per scheme the decode tiles (T ≤ QUANT_MAX_T),
     and for fp8 schemes the w8a8 entry (decode tiles, grouped tiles from T ≥ QUANT_GROUPED_MIN_T);
-    '<scheme>+w8a8': the w8a8 entry alone."""
+    '<scheme>+w8a8': the w8a8 entry alone. ``routing``: a canonical routing name (keys end with it
+    unless uniform)."""
     cfg, w, out = PRESETS[name], None, {}
     for requested in schemes:
         scheme = requested.removesuffix("+w8a8")
@@ -188,7 +189,7 @@ def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
                                  ("+w8a8", small + large if w8a8 else [], tune_w8a8)):
             buckets = {}
             for T in Ts:
-                case = make_case(name, T, dev, dtype, w)
+                case = make_case(name, T, dev, dtype, w, routing=routing)
                 w = case[1]
                 buckets[str(T)] = tune(name, T, case, scheme, dev, timer, log)
             if buckets:
@@ -196,5 +197,6 @@ def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
                 if any("grouped_us" in b and "decode_us" in b for b in buckets.values()):
                     entry["crossover"] = crossover(buckets)
                     log(f"{name} {scheme}: decode for T ≤ {entry['crossover']}, grouped GEMM above")
-                out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix))] = entry
+                key = tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix), routing)
+                out[key] = entry
     return out

@@ -11,7 +11,8 @@ Every row is a flat dict: the case's keys, then the fields of ``time_ms`` (raw m
 A recording re-measured at some sizes only (``save(..., merge=True)``, e.g. the kernels race at
 T ≤ 64 after a decode change) keeps the file's rows at the other sizes and lists its runs in
 ``"parts"``: one ``{"sizes": [[shape, tokens], ...], "git_commit", "date", "command"}`` per run
-(:func:`merged`); its top-level fields are the newest run's.
+(:func:`merged`; a size is [shape, tokens, routing] for a routing other than uniform); its
+top-level fields are the newest run's.
 
 Where files go and come from:
 
@@ -164,7 +165,10 @@ _SAME = ("benchmark", "gpu", "gpu_count", "versions", "ceilings")  # what one me
 
 
 def _size(row: dict) -> tuple:
-    return row.get("shape"), row.get("tokens")
+    """What a merge keys rows by: (shape, tokens), and the routing where it is not uniform
+    (``dispatch_book.bench.skew``: a skewed file may hold several routings)."""
+    routing = row.get("routing", "uniform")
+    return (row.get("shape"), row.get("tokens")) + (() if routing == "uniform" else (routing,))
 
 
 def _part(doc: dict) -> dict:
@@ -195,9 +199,10 @@ def merged(new: dict, old: dict) -> dict:
 
 def _sizes_text(sizes: list, all_shapes: set) -> str:
     """"T = 1, 8, 64", plus "for SHAPES" when the run measured some of the recording's shapes only."""
-    tokens = sorted({t for _, t in sizes if t is not None})
-    shapes = sorted({s for s, _ in sizes if s is not None})
-    text = f"T = {', '.join(map(str, tokens))}"
+    tokens = sorted({s[1] for s in sizes if s[1] is not None})
+    shapes = sorted({s[0] for s in sizes if s[0] is not None})
+    routings = sorted({s[2] for s in sizes if len(s) > 2})
+    text = f"T = {', '.join(map(str, tokens))}" + (f" ({', '.join(routings)} routing)" if routings else "")
     return text if set(shapes) >= all_shapes else f"{text} for {', '.join(shapes)}"
 
 

@@ -25,18 +25,21 @@ ENV = "DISPATCH_RESULTS_GPU"
 # code each one measures: a change there after the recording makes it stale. `notebooks/` counts only
 # code cells (`evidence.changed`): re-executing a chapter does not make book_gpu stale.
 _KERNELS = ("dispatch/kernels", "dispatch/tables")
+_ROUTING = ("dispatch/tune/routing_dist.py", "dispatch/assets/traces")  # the races' routing draws, the trace replayed
+_RACE = (*_KERNELS, *_ROUTING, "dispatch_book/bench/kernels.py", "dispatch_book/bench/peers.py",
+         "dispatch_book/bench/peer_search.py", "dispatch_book/bench/data", "dispatch_book/bench/torch_grouped.py")
 MEASURES = {
     "ceilings": ("dispatch_book/bench/peaks.py", "dispatch_book/bench/reads.py"),
     "reads": ("dispatch_book/bench/reads.py",),
     "routing_sort": ("dispatch/kernels/routing.py", "dispatch/kernels/sort.py", "dispatch_book/bench/routing.py"),
-    "decode": (*_KERNELS, "dispatch_book/bench/decode.py"),
+    "decode": (*_KERNELS, *_ROUTING, "dispatch_book/bench/decode.py"),
     "decode_chain": (*_KERNELS, "dispatch_book/bench/chain.py"),
-    "kernels": (*_KERNELS, "dispatch_book/bench/kernels.py", "dispatch_book/bench/peers.py"),
+    "kernels": _RACE,
     "kernels_sweep": (*_KERNELS, "dispatch_book/bench/kernels_sweep.py"),
     "step_kernels": ("dispatch/kernels", "dispatch/engine", "dispatch_book/bench/step_kernels.py"),
     "e2e": (*_KERNELS, "dispatch/engine", "dispatch/quant", "dispatch_book/bench/e2e.py"),
     "e2e_profile": ("dispatch/kernels", "dispatch/engine", "dispatch_book/bench/e2e.py"),
-    "quant": (*_KERNELS, "dispatch/quant", "dispatch_book/bench/quant.py"),
+    "quant": (*_KERNELS, *_ROUTING, "dispatch/quant", "dispatch_book/bench/quant.py"),
 }
 SET = tuple(MEASURES)
 # Suites a chapter reads from the set when the set has them, and measures live (or says so) when not:
@@ -55,6 +58,10 @@ EXTRA_MEASURES = {
     "quant_fp8_convert": ("dispatch/kernels", "dispatch/quant", "dispatch_book/bench/quant.py"),
     "balance_study": ("dispatch/train.py", "dispatch/balance.py", "dispatch_book/bench/balance_study.py"),
     "expert_parallel": ("dispatch/parallel", "dispatch/kernels", "dispatch_book/bench/parallel.py"),
+    # the races under routing other than uniform (dispatch_book.bench.skew): the same code as their suites'
+    "kernels_skewed": _RACE,
+    "decode_skewed": (*_KERNELS, *_ROUTING, "dispatch_book/bench/decode.py"),
+    "quant_skewed": (*_KERNELS, *_ROUTING, "dispatch/quant", "dispatch_book/bench/quant.py"),
 }
 
 
