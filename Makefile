@@ -4,23 +4,40 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dispatch-installed
-# torch first, pinned: on a machine without a GPU this resolves to the CPU build (local disk
-# here); set TORCH_SPEC / PIP_EXTRA to choose another build, e.g. a CUDA one.
-TORCH_SPEC ?= torch==2.13.0
-PIP_EXTRA  ?=
+# torch first, pinned. Without an NVIDIA driver (no working `nvidia-smi`) on Linux: the CPU build
+# (torch==X+cpu: no CUDA libraries, no nvidia-* packages), from PyTorch's CPU wheel index when it
+# answers, else from the indexes and wheel folders pip is configured with (a local wheel, offline);
+# a CUDA build is refused there. With a driver: PyPI's default (CUDA) build. Override TORCH_SPEC,
+# TORCH_INDEX (another index, or empty for none); PIP_EXTRA goes to every pip install.
+TORCH_VERSION ?= 2.13.0
+HAS_NVIDIA    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+CPU_BUILD     := $(if $(HAS_NVIDIA),,$(filter Linux,$(shell uname -s)))
+TORCH_SPEC    ?= torch==$(TORCH_VERSION)$(if $(CPU_BUILD),+cpu)
+TORCH_INDEX   ?= $(if $(CPU_BUILD),https://download.pytorch.org/whl/cpu)
+PIP_EXTRA     ?=
 ARGS ?=
 # Figures come from matplotlib's inline backend in the kernels; a backend forced from outside
 # (MPLBACKEND=Agg) would drop them and fail nbval.
 unexport MPLBACKEND
 
-.PHONY: book vendor check-html book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels
+.PHONY: book vendor check-html book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels release
 
 env: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
+	@$(PY) -c "import torch" 2>/dev/null || { index=; \
+	  if [ -n "$(TORCH_INDEX)" ]; then \
+	    if $(PY) -c "import sys, urllib.request as u; u.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=30)" \
+	        "$(TORCH_INDEX)" 2>/dev/null; then index="--extra-index-url $(TORCH_INDEX)"; \
+	    else echo "$(TORCH_INDEX) does not answer: $(TORCH_SPEC) from pip's own indexes and wheel folders"; fi; \
+	  fi; \
+	  echo "pip install $(PIP_EXTRA) $$index $(TORCH_SPEC)"; \
+	  $(PY) -m pip install -q $(PIP_EXTRA) $$index "$(TORCH_SPEC)"; }
+	@case "$(TORCH_SPEC)" in *+cpu*) $(PY) -W ignore -c "import sys, torch; sys.exit(torch.version.cuda and \
+	  f'$(VENV) holds a CUDA build of torch ({torch.__version__}) where the CPU build was asked for: ' \
+	  'remove $(VENV) and run make again, or set TORCH_SPEC')";; esac
 	$(PY) -m pip install -q $(PIP_EXTRA) -e ".[book,dev]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
@@ -74,6 +91,12 @@ test-gpu: $(STAMP)
 # the scratch folder _build/results, never over the recordings the book reads).
 bench: $(STAMP)
 	$(PY) -m dispatch_book.bench $(ARGS)
+
+# Tag this commit v<version> of pyproject.toml: the ref every chapter's Colab badge and install cell
+# name (refused on a dirty tree, stale header cells or a tag that names another commit); push the
+# tag with the commit (dispatch_book/release.py).
+release: $(STAMP)
+	$(PY) -m dispatch_book.release
 
 clean:
 	rm -rf _build .pytest_cache book/_static/vendor
