@@ -53,14 +53,27 @@ vendor: $(STAMP)
 	$(PY) -m dispatch_book.vendor book/_static/vendor
 
 # The built pages: code and output lines <= 88 characters, figures drawn at >= 70% of their width,
-# no words about how the book was made (dispatch_book/htmlcheck.py).
+# no words about how the book was made; then in headless Chromium (where installed; BROWSER=required
+# fails without it, as CI does): no JavaScript error, no missing local file, no wide table that
+# nothing scrolls, figure text >= 9 px as shown (dispatch_book/htmlcheck.py, browsercheck.py).
+BROWSER ?= auto
 check-html: $(STAMP)
-	$(PY) -m dispatch_book.htmlcheck _build/html
+	$(PY) -m dispatch_book.htmlcheck --browser $(BROWSER) _build/html
 
 # Unit tests, property tests and the notebooks under nbval, in one pytest run, on the CPU (the
-# committed notebook outputs are the CPU default's; kernels run under Triton's interpreter).
+# committed notebook outputs are the CPU default's; kernels run under Triton's interpreter), spread
+# over the cores by pytest-xdist (TEST_WORKERS=auto: one per core; 0 runs in this process). A
+# notebook's cells stay on one worker (conftest.py). TEST_CPU_MIN: what the run costs in CPU time
+# (measured: CONTRIBUTING.md lists the slowest tests), to say up front how long it will take.
+TEST_WORKERS ?= auto
+TEST_CPU_MIN := 17
 test: $(STAMP)
-	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(PY) -m pytest tests notebooks --nbval --nbval-current-env --nbval-sanitize-with .nbval_sanitize.cfg -m "not gpu" $(ARGS)
+	@n=$$($(PY) -c "import os; print(len(os.sched_getaffinity(0)))"); w=$(TEST_WORKERS); [ "$$w" = auto ] && w=$$n; \
+	  [ "$$w" -gt 0 ] 2>/dev/null || w=1; [ "$$w" -gt "$$n" ] && w=$$n; \
+	  echo "make test: about $(TEST_CPU_MIN) min of CPU time; on $$w core(s) of a quiet machine about" \
+	       "$$(( ($(TEST_CPU_MIN) + $$w - 1) / $$w + 1 )) min (longer while other work shares the cores)"
+	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests notebooks \
+	  --nbval --nbval-current-env --nbval-sanitize-with .nbval_sanitize.cfg -m "not gpu" $(ARGS)
 
 # The notebooks again under nbval with other floating-point round-off: one thread and ATen's
 # baseline (non-vectorised) CPU kernels. `.ci/roundoff.py` first shows the setting changes raw sums.
