@@ -1,6 +1,23 @@
 """The book's figures: one module per chapter (``routing``, ``sorting``, ``gemm``, ``decode``,
-``parallel``, ``balance``, ``engine``), sharing the few conventions below."""
+``parallel``, ``balance``, ``engine``), sharing the few conventions below. Every PNG drawn once
+this package is imported records the size of its smallest text (``textsize``), which the page
+check holds to 9 px as the book shows it."""
 from __future__ import annotations
+
+from dispatch_book.figures import textsize
+
+textsize.record()
+
+# The widest figure: 8.8 in at the inline backend's 100 dpi = 880 px, which the book shows in a cell's
+# output area (676 px at a 1280 px window) at 77%. Its smallest text, SMALL_PT = 9 pt (12.5 px
+# drawn), then shows at 9.6 px: at least textsize.MIN_TEXT_PX (9), which the page check holds.
+WIDTH_IN = 8.8
+SMALL_PT = 9
+
+
+def fits(text: str, width_in: float, fontsize: float = SMALL_PT) -> bool:
+    """Whether ``text`` in ``fontsize`` points fits ``width_in`` inches (0.6 em a character, DejaVu Sans)."""
+    return len(text) * 0.6 * fontsize / 72 <= width_in
 
 # One palette for contestants across every chapter's benchmark figures.
 COLORS = {

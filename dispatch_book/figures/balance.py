@@ -6,6 +6,8 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from dispatch_book.figures import WIDTH_IN
+
 # The balancing study's settings, in order: colours that differ (not dash styles).
 STUDY_COLORS = ("#7f7f7f", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e")
 
@@ -20,7 +22,7 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
     L, E = counts_LE.shape
     cols = min(L, 4)
     rows = (L + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(min(3.2 * cols, 9.4), 2.4 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(min(3.2 * cols, WIDTH_IN), 2.4 * rows), squeeze=False, sharey=True)
     for layer in range(L):
         ax = axes[layer // cols][layer % cols]
         c = counts_LE[layer].double()
@@ -102,7 +104,7 @@ def training_curves(rows: list[dict]):
 
     ``rows``: the balancing study's rows (``label``, ``seed``, ``curves`` with ``step``,
     ``imbalance``, ``eval_step``, ``eval_ppl``)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.8))
     labels = list(dict.fromkeys(r["label"] for r in rows))
     for i, label in enumerate(labels):
         col = STUDY_COLORS[i % len(STUDY_COLORS)]
@@ -136,7 +138,7 @@ def study_spread(rows: list[dict]):
     seed share the initial weights and the batches, so a seed's line is a paired comparison).
 
     ``rows``: the balancing study's rows (``label``, ``seed``, ``final``)."""
-    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.6))
     labels = list(dict.fromkeys(r["label"] for r in rows))
     seeds = sorted({r["seed"] for r in rows})
     for ax, key, name in ((axes[0], "imbalance", "busiest expert / mean"),

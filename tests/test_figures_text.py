@@ -1,0 +1,44 @@
+"""Figures: every PNG records its smallest text (dispatch_book.figures.textsize), which the page
+check holds to 9 px as shown; the widget's slider labels are shown whole."""
+import io
+
+import matplotlib.pyplot as plt
+import pytest
+
+from dispatch_book.figures import textsize
+
+
+def saved(fig, **kw) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **kw)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def test_the_png_records_the_smallest_text_drawn():
+    fig, ax = plt.subplots(figsize=(3, 2), dpi=100)
+    ax.tick_params(labelsize=12)
+    ax.set_title("title", fontsize=14)
+    ax.annotate("note", (0.5, 0.5), fontsize=7)
+    assert textsize.text_px(saved(fig, bbox_inches="tight")) == pytest.approx(7 * 100 / 72, abs=0.01)
+    fig, ax = plt.subplots(dpi=100)
+    ax.text(0.5, 0.5, "only this", fontsize=20)
+    ax.text(0.5, 0.2, "   ", fontsize=3)  # blank: nothing drawn to read
+    ax.axis("off")  # tick labels not drawn: not counted
+    assert textsize.text_px(saved(fig, dpi=50)) == pytest.approx(20 * 50 / 72, abs=0.01)
+
+
+def test_png_text_chunks_are_read_and_other_files_have_none():
+    fig, _ = plt.subplots(figsize=(1, 1))
+    chunks = textsize.png_text(saved(fig))
+    assert textsize.TEXT_PX_KEY in chunks and "Matplotlib" in chunks["Software"]
+    assert textsize.png_text(b"GIF89a...") == {} and textsize.text_px(b"") is None
+
+
+def test_the_widget_shows_its_labels_whole():
+    from dispatch_book.figures.routing import routing_widget
+
+    sliders = routing_widget(seed=0).widget.children[:4]
+    plt.close("all")
+    assert [s.description for s in sliders] == ["num_experts", "top_k", "temperature", "tokens"]
+    assert {s.style.description_width for s in sliders} == {"initial"}
