@@ -42,3 +42,23 @@ def test_the_widget_shows_its_labels_whole():
     plt.close("all")
     assert [s.description for s in sliders] == ["num_experts", "top_k", "temperature", "tokens"]
     assert {s.style.description_width for s in sliders} == {"initial"}
+
+
+def test_slot_labels_fit_their_slots_and_stay_9_pt():
+    """Chapter 3's picture: with few slots each is named with its rows; with many, every few slots
+    are named, the names never overlapping, all in 9 pt (>= 9 px in the column at the widest)."""
+    import torch
+
+    from dispatch_book.figures import SMALL_PT, decode
+
+    fig = decode.tiling(torch.tensor([[0, 7], [1, 3], [2, 5], [3, 1]]), 8, 32, 16)
+    assert [t.get_text().split("\n")[0] for t in fig.axes[1].texts] == ["e0", "e1", "e2", "e3", "e5", "e7"]
+    assert all("\nrows [" in t.get_text() for t in fig.axes[1].texts)
+    assert textsize.text_px(saved(fig, bbox_inches="tight")) == pytest.approx(SMALL_PT * 100 / 72, abs=0.01)
+    fig = decode.tiling(torch.arange(64).reshape(8, 8), 64, 32, 16)
+    labels = fig.axes[1].texts
+    assert 1 < len(labels) < 64 and not any("rows" in t.get_text() for t in labels)
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in labels]
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), "labels overlap"
+    plt.close(fig)

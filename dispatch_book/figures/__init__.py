@@ -16,8 +16,10 @@ SMALL_PT = 9
 
 
 def fits(text: str, width_in: float, fontsize: float = SMALL_PT) -> bool:
-    """Whether ``text`` in ``fontsize`` points fits ``width_in`` inches (0.6 em a character, DejaVu Sans)."""
-    return len(text) * 0.6 * fontsize / 72 <= width_in
+    """Whether ``text`` (one line) set in ``fontsize`` points in the default font is at most ``width_in`` wide."""
+    from matplotlib.textpath import TextPath
+
+    return TextPath((0, 0), text, size=fontsize).get_extents().width / 72 <= width_in
 
 # One palette for contestants across every chapter's benchmark figures.
 COLORS = {

@@ -31,13 +31,14 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
            yticks=[T - 0.5 - t for t in range(T)], yticklabels=range(T), xlabel="k", ylabel="token t",
            title="ids_TK (expert of each routed row)")
     slot_in = 0.8 * WIDTH_IN * 2.2 / 3.2 / len(used)  # a slot's width in the figure, inches
-    every = next(n for n in range(1, len(used) + 1) if fits(f"e{max(used)}", n * slot_in))
+    rows_of = {e: [t * K + k for t in range(T) for k in range(K) if int(ids_TK[t, k]) == e] for e in used}
+    with_rows = all(fits(f"rows {rows_of[e]}", slot_in) for e in used)  # else the experts only
+    every = next(n for n in range(1, len(used) + 1) if fits(f"e{max(used)}", n * slot_in))  # many: every few
     for s, e in enumerate(used):
-        rows = [t * K + k for t in range(T) for k in range(K) if int(ids_TK[t, k]) == e]
         for i in range(n_tiles):
             a1.add_patch(Rectangle((s, n_tiles - 1 - i), 0.92, 0.92, color=cmap(e % 20), alpha=0.85))
-        label = f"e{e}\nrows {rows}" if fits(f"rows {rows}", slot_in) else f"e{e}"  # no room: the expert only
-        if s % every == 0:  # many slots: every few, each label over its own slot
+        if s % every == 0:
+            label = f"e{e}\nrows {rows_of[e]}" if with_rows else f"e{e}"
             a1.text(s + 0.46, n_tiles + 0.2, label, ha="center", va="bottom", fontsize=SMALL_PT)
     room = max(1.6, 0.15 * n_tiles)  # above the tiles, for the labels (in tile units)
     a1.set(xlim=(-0.2, len(used)), ylim=(0, n_tiles + room), xticks=[], yticks=[],
