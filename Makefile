@@ -62,9 +62,10 @@ check-html: $(STAMP)
 
 # Unit tests, property tests and the notebooks under nbval, in one pytest run, on the CPU (the
 # committed notebook outputs are the CPU default's; kernels run under Triton's interpreter), spread
-# over the cores by pytest-xdist (TEST_WORKERS=auto: one per core; 0 runs in this process). A
-# notebook's cells stay on one worker (conftest.py). TEST_CPU_MIN: what the run costs in CPU time
-# (measured: CONTRIBUTING.md lists the slowest tests), to say up front how long it will take.
+# over the cores by pytest-xdist (TEST_WORKERS=auto: one per core; 0 runs in this process), a file
+# at a time (--dist loadfile: a notebook's cells share one kernel, a module its fixtures).
+# TEST_CPU_MIN: what the run costs in CPU time (measured: CONTRIBUTING.md lists the slowest tests),
+# to say up front how long it will take.
 TEST_WORKERS ?= auto
 TEST_CPU_MIN := 17
 test: $(STAMP)
@@ -72,7 +73,7 @@ test: $(STAMP)
 	  [ "$$w" -gt 0 ] 2>/dev/null || w=1; [ "$$w" -gt "$$n" ] && w=$$n; \
 	  echo "make test: about $(TEST_CPU_MIN) min of CPU time; on $$w core(s) of a quiet machine about" \
 	       "$$(( ($(TEST_CPU_MIN) + $$w - 1) / $$w + 1 )) min (longer while other work shares the cores)"
-	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests notebooks \
+	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests notebooks \
 	  --nbval --nbval-current-env --nbval-sanitize-with .nbval_sanitize.cfg -m "not gpu" $(ARGS)
 
 # The notebooks again under nbval with other floating-point round-off: one thread and ATen's

@@ -23,3 +23,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def small_space(monkeypatch):
+    """The tuner's candidate spaces, interpreter-sized (the real ones are GPU tiles: slow under numpy);
+    for tests/test_tune*.py."""
+    from dispatch.tune import search
+
+    tiles_ = ((32, 32, 4, 1), (16, 32, 4, 2), (32, 16, 4, 1))
+    monkeypatch.setattr(search, "SPACE", {(k, bm): tiles_ for k in ("up", "down") for bm in (16, 64, 128)})
+    monkeypatch.setattr(search, "DECODE_UP", ((16, 32, 1), (32, 16, 1)))
+    monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), (32, 16)))
+    monkeypatch.setattr(search, "PROGRAMS_PER_SM", (1, 4))
+    monkeypatch.setattr(search, "SPLIT_TILES", ((16, 16),))
+    monkeypatch.setattr(search, "SPLIT_HO", (32,))

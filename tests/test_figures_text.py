@@ -60,5 +60,5 @@ def test_slot_labels_fit_their_slots_and_stay_9_pt():
     assert 1 < len(labels) < 64 and not any("rows" in t.get_text() for t in labels)
     fig.canvas.draw()
     boxes = [t.get_window_extent() for t in labels]
-    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), "labels overlap"
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False)), "labels overlap"
     plt.close(fig)

@@ -180,7 +180,7 @@ def figure(doc: dict):
     from dispatch_book.figures import SMALL_PT, WIDTH_IN
 
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
-    width = min(WIDTH_IN, 1.0 + 2.6 * len(shapes))  # inches: the book's widest, at most
+    width = min(WIDTH_IN, 1.0 + 2.6 * len(shapes))  # inches: the book's widest at most
     fig, axes = plt.subplots(2, len(shapes), figsize=(width, 6.2), squeeze=False, sharey="row")
     names = [c for c in dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]) if not c.endswith("no TMA")]
     top = 100.0  # the lower panels' ceiling: 100%, or the highest point (a read can beat the 4 GiB ceiling)

@@ -71,7 +71,7 @@ def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
         ax.axhline(hbm_bps / 1e9, color=color("ceiling"), lw=1)
         ax.axhline(0.8 * hbm_bps / 1e9, color=color("ceiling"), lw=0.8, ls=":")
         ax.text(1, hbm_bps / 1e9 * 1.02, f"{hbm_label} {hbm_bps / 1e12:.2f} TB/s (80% dotted)",
-                fontsize=9, va="bottom")
+                fontsize=SMALL_PT, va="bottom")
         ax.set(xscale="log", xlabel="tokens", title=shape, ylim=(0, 1.12 * hbm_bps / 1e9))
         ax.set_xticks([r["tokens"] for r in rows], [str(r["tokens"]) for r in rows])
     return finish_grid(fig, axes, len(shapes), "GB/s of expert weights read")

@@ -75,7 +75,7 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
                 ax.plot(*zip(*pts, strict=True), marker="o", ms=3, ls=ls, color=color(base),
                         label=LABELS.get(name, name))
         ax.axhline(peak_flops / 1e12, color=color("ceiling"), lw=1)
-        ax.text(1, peak_flops / 1e12 * 1.1, f"{peak_label} ({peak_flops / 1e12:.0f} TFLOP/s)", fontsize=9)
+        ax.text(1, peak_flops / 1e12 * 1.1, f"{peak_label} ({peak_flops / 1e12:.0f} TFLOP/s)", fontsize=SMALL_PT)
         ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens")
         ax.grid(alpha=0.3, which="both")
     return finish_grid(fig, axes, len(shapes), "TFLOP/s (expert GEMMs)")
@@ -91,7 +91,7 @@ def arc_steps(series: dict[str, dict[str, float]], *, title: str):
     device) to {step label: milliseconds}; NaN or a missing step is written "not recorded"."""
     steps = list(dict.fromkeys(k for times in series.values() for k in times))
     palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
-    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.5 + 0.45 * len(steps) * len(series)))
+    fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(steps) * len(series)))
     h = 0.8 / len(series)
     vals = [v for times in series.values() for v in times.values() if v == v]
     for j, (label, times) in enumerate(series.items()):
@@ -100,12 +100,12 @@ def arc_steps(series: dict[str, dict[str, float]], *, title: str):
         ax.barh(ys, [m if m == m else 0 for m in ms], height=h, color=palette[j % 4], label=label)
         for y, m in zip(ys, ms, strict=True):
             ax.text(m if m == m else min(vals), y, f" {m:.3g} ms" if m == m else " not recorded",
-                    va="center", fontsize=9)
+                    va="center", fontsize=SMALL_PT)
     ax.set_yticks(range(len(steps)), steps)
     ax.invert_yaxis()
     ax.set(xscale="log", xlabel="ms per call (lower is better)", title=title)
     ax.set_xlim(min(vals) / 2, max(vals) * 6)
-    ax.legend(fontsize=9, loc="lower right")
+    ax.legend(fontsize=SMALL_PT, loc="lower right")
     fig.tight_layout()
     return fig
 
@@ -128,7 +128,7 @@ def targets(checks: list[dict]):
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set(xscale="log", xlabel="measured / target (right of the line: met; hollow: missed)")
-    ax.legend(fontsize=9, loc="lower right")
+    ax.legend(fontsize=SMALL_PT, loc="lower right")
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return fig
@@ -138,8 +138,7 @@ def sweep(doc: dict, shape: str, tokens: int):
     """Bars: TFLOP/s of each pinned tile config (BLOCK_M, N, K, warps, stages), up and down kernels."""
     rs = [r for r in doc["rows"] if r["shape"] == shape and r["tokens"] == tokens and "tflops" in r
           and r["kernel"] in ("up", "down")]
-    bars = max(sum(r["kernel"] == k for r in rs) for k in ("up", "down"))
-    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, max(3.6, 0.8 + 0.2 * bars)), sharey=True)  # room for 9 pt labels
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.6), sharey=True)
     for ax, kind in zip(axes, ("up", "down"), strict=True):
         sel = [r for r in rs if r["kernel"] == kind]
         ax.barh(range(len(sel)), [r["tflops"] for r in sel], color=color("ours"))

@@ -87,7 +87,7 @@ def ms(row: dict) -> float:
 
 def expert_parallel_timings(doc: dict):
     """Two panels from a results doc: the exchange, and the routed experts / whole layer, vs tokens/GPU."""
-    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 4.4))  # the book's widest (figures.WIDTH_IN)
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 4.4))  # the book's widest
     for ax, kind in zip(axes, ("exchange", "layer"), strict=True):
         by = {}
         for row in doc["rows"]:

@@ -29,7 +29,7 @@ def routing_heatmap(weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts:
     g = gates_TE(weights_TK, ids_TK, num_experts).numpy()
     T, E = g.shape
     counts_E = (g > 0).sum(0) if T else np.zeros(E)
-    fig, (top, ax) = plt.subplots(2, 1, figsize=(min(2 + 0.35 * E, WIDTH_IN), 1.6 + min(0.22 * T, 6)),
+    fig, (top, ax) = plt.subplots(2, 1, figsize=(min(2 + 0.35 * E, 8.8), 1.6 + min(0.22 * T, 6)),
                                   gridspec_kw={"height_ratios": [1, 3]}, sharex=True, constrained_layout=True)
     top.bar(np.arange(E), counts_E, color="tab:blue")
     top.axhline(T * ids_TK.shape[1] / E if T else 0, color="k", lw=0.8, ls="--", label="uniform")
@@ -134,7 +134,7 @@ def roofline_figure(cfg: MoEConfig, ceil: dict, tokens=(1, 4, 16, 64, 256, 1024,
     a.loglog(tokens, t_cmp, "s-", label=f"compute: FLOPs / {ceil['bf16_tflops']:.0f} TFLOP/s")
     a.set_xlabel("tokens in the batch T")
     a.set_ylabel("floor per layer step (µs)")
-    a.legend(fontsize=9)
+    a.legend(fontsize=SMALL_PT)
     b.loglog(tokens, np.maximum(t_mem, t_cmp) * 1e3 / np.array(tokens), "o-", color="tab:red")
     b.set_xlabel("tokens in the batch T")
     b.set_ylabel("floor per token (ns)")

@@ -33,7 +33,7 @@ def sorted_layout(routes, ids_TK: torch.Tensor, *, title: str = ""):
     real = rows_P < N
     code[real] = ids_N[rows_P[real]]
     cmap = ListedColormap(_expert_colors(E) + [PAD_COLOR, UNUSED_COLOR])
-    fig, ax = plt.subplots(figsize=(min(0.42 * bm + 2.4, WIDTH_IN), 0.45 * max(B, 1) + 1.2), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(min(0.42 * bm + 2.4, 9), 0.45 * max(B, 1) + 1.2), constrained_layout=True)
     ax.imshow(code.reshape(B, bm), cmap=cmap, vmin=-0.5, vmax=E + 1.5, aspect="auto", interpolation="nearest")
     for s in np.flatnonzero(real):
         ax.text(s % bm, s // bm, str(rows_P[s]), ha="center", va="center", fontsize=SMALL_PT)
@@ -67,7 +67,7 @@ def block_scan_figure(ids_TK: torch.Tensor, num_experts: int, block_n: int):
     histogram (kernel 1), then the running count before it per expert (kernel 2)."""
     hist, before = block_histograms(ids_TK, num_experts, block_n)
     N = ids_TK.numel()
-    fig, axes = plt.subplots(1, 2, figsize=(min(1.2 + 0.7 * num_experts, WIDTH_IN), 0.5 * len(hist) + 1.6),
+    fig, axes = plt.subplots(1, 2, figsize=(min(1.2 + 0.7 * num_experts, 9), 0.5 * len(hist) + 1.6),
                              constrained_layout=True)
     for ax, mat, name in zip(axes, (hist, before), ("kernel 1: hist[b, e]", "kernel 2: before[b, e]"),
                              strict=True):

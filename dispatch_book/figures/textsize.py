@@ -8,10 +8,7 @@ image's pixels of the smallest text drawn (a font size in points × dpi / 72, ov
 were actually drawn: labels, ticks, legends, annotations). ``dispatch_book.htmlcheck`` multiplies
 it by the scale the page shows the image at and fails under ``MIN_TEXT_PX``.
 
-``MIN_PT`` is what the figures here are drawn with at least: at the book's 100 dpi, a figure up to
-``WIDE_IN`` inches wide shows at ≥ 9 px in the column (``COLUMN_PX``), whose cell output area
-is 676 px wide at a 1280 px window: 9 pt · 100/72 · 676/940 = 8.99 px, so 9.4 in needs 9 pt
-only if its tight bounding box is a little narrower; the figures use ≥ 9 pt and ≤ 9 in.
+The figures here keep to it with ``figures.WIDTH_IN`` (9.4 in) and ``figures.SMALL_PT`` (10 pt).
 """
 from __future__ import annotations
 

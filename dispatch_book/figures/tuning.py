@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 
 from dispatch import tables
 from dispatch.config import PRESETS
-from dispatch_book.figures import WIDTH_IN, color
+from dispatch_book.figures import SMALL_PT, WIDTH_IN, color
 
 GEMM_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m")
 
@@ -138,6 +138,6 @@ def race_figure(race: list[dict], bar: float = 1.10, large_T: int = 4096):
     ax.set(xscale="log", xlabel="tokens", ylabel="peer time / our time",
            title="ours (the path moe() picks) vs the tuned fused-MoE peer; above 1: ours faster")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=SMALL_PT)
     fig.tight_layout()
     return fig
