@@ -15,6 +15,13 @@ settings.register_profile("thorough", deadline=None, max_examples=300,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("DISPATCH_HYPOTHESIS", "ci"))
 
+# Under pytest-xdist (make test) each worker takes its share of the cores: with torch's default, one
+# thread per core in every worker, the workers' threads outnumber the cores and wait on each other.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, _cores // _WORKERS))
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
