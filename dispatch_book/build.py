@@ -108,16 +108,17 @@ def stage() -> pathlib.Path:
 
 
 def build_book(src: pathlib.Path) -> pathlib.Path:
+    """Build the HTML book from ``src`` straight into _build/html (jupyter-book writes to
+    ``<path-output>/_build/html``), so the path it prints is the one the book is at."""
+    html = build_dir() / "html"
+    if html.exists():
+        shutil.rmtree(html)  # no page of an earlier build left behind
     # jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point with this Python.
     cmd = [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())", "build",
-           str(src), "--path-output", str(build_dir() / "book"), "-W", "--keep-going", "--all"]
+           str(src), "--path-output", str(root()), "-W", "--keep-going", "--all"]
     res = subprocess.run(cmd)
     if res.returncode != 0:
         raise SystemExit(f"jupyter-book build failed (exit {res.returncode}); command: {' '.join(cmd)}")
-    html = build_dir() / "html"
-    if html.exists():
-        shutil.rmtree(html)
-    shutil.copytree(build_dir() / "book" / "_build" / "html", html)
     return html / "index.html"
 
 
@@ -207,7 +208,7 @@ def main(argv=None) -> None:
     if args.no_build:
         return
     index = build_book(src)
-    print(f"\nThe book is built: {index}")
+    print(f"\nThe book is built: {index.relative_to(root())}")
 
 
 if __name__ == "__main__":

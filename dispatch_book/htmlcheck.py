@@ -21,8 +21,13 @@ It reads every page's article (the theme's navigation and buttons are left out) 
   article (a run of letters and digits) is hashed and looked up. A digest hides a name from a reader of
   the code, not from someone who guesses it; that is all it is for.
 
+Then every page in headless Chromium (``dispatch_book.browsercheck``): a JavaScript error, a local
+resource that is missing (404), a table wider than the column that nothing scrolls, figure text
+under 9 px as shown. ``--browser auto`` (the default) runs these where Chromium is installed and
+says so where it is not; ``required`` (CI) fails without it; ``off`` skips them.
+
 ``python -m dispatch_book.htmlcheck DIR`` prints each finding with its page and a per-page count,
-and exits 1 if there is any.
+and exits 1 if there is any (2 if the browser checks are required and cannot run).
 """
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "me
 @dataclasses.dataclass(frozen=True)
 class Finding:
     page: str
-    kind: str  # "code", "output", "figure" or "words"
+    kind: str  # "code", "output", "figure", "words"; in the browser: "javascript", "missing", "table", "figure text"
     detail: str
 
     def __str__(self) -> str:
@@ -190,13 +195,18 @@ def pages(root: pathlib.Path) -> list[pathlib.Path]:
                   if not any(part.startswith("_") for part in p.relative_to(root).parts[:-1]) and p.name not in skip)
 
 
-def check(root: pathlib.Path, **limits) -> list[Finding]:
+def check(root: pathlib.Path, browser: bool = False, **limits) -> list[Finding]:
+    """The findings of every page; ``browser``: also those of the pages opened in Chromium."""
     root = pathlib.Path(root)
     if not (root / "index.html").is_file():
         raise SystemExit(f"{root}: no index.html: build the book first (make book)")
     found = []
     for p in pages(root):
         found += check_page(p, p.relative_to(root).as_posix(), **limits)
+    if browser:
+        from dispatch_book import browsercheck
+
+        found += browsercheck.check(root, pages(root), Finding)
     return found
 
 
@@ -207,9 +217,19 @@ def main(argv=None) -> int:
     ap.add_argument("--code-chars", type=int, default=CODE_CHARS)
     ap.add_argument("--output-chars", type=int, default=OUTPUT_CHARS)
     ap.add_argument("--column-px", type=int, default=COLUMN_PX)
+    ap.add_argument("--browser", choices=["auto", "required", "off"], default="auto",
+                    help="the checks in headless Chromium: where installed (auto), always (required), never (off)")
     args = ap.parse_args(argv)
-    found = check(pathlib.Path(args.html), code_chars=args.code_chars, output_chars=args.output_chars,
-                  column_px=args.column_px)
+    from dispatch_book.browsercheck import missing_browser
+
+    missing = missing_browser() if args.browser != "off" else None
+    if missing and args.browser == "required":
+        print(f"htmlcheck: the browser checks cannot run: {missing}", file=sys.stderr)
+        return 2
+    if missing:
+        print(f"htmlcheck: browser checks skipped (JavaScript errors, 404s, wide tables, figure text): {missing}")
+    found = check(pathlib.Path(args.html), browser=args.browser != "off" and not missing,
+                  code_chars=args.code_chars, output_chars=args.output_chars, column_px=args.column_px)
     for f in found:
         print(f)
     counts: dict[str, dict[str, int]] = {}

@@ -150,14 +150,25 @@ def test_the_cli_reports_each_page_and_fails(tmp_path, capsys):
     (book / "notebooks").mkdir(parents=True)
     page(book, "<p>front page</p>", name="index.html")
     page(book / "notebooks", cell("y = 2"), name="good.html")
-    assert htmlcheck.main([str(book)]) == 0
+    assert htmlcheck.main(["--browser", "off", str(book)]) == 0
     page(book / "notebooks", cell("z" * 100, output="o" * 95) + "<p>the lead said</p>", name="bad.html")
     (book / "_static").mkdir()
     page(book / "_static", "<p>helpers</p>", name="theme.html")  # the theme's files are not pages
-    assert htmlcheck.main([str(book)]) == 1
+    assert htmlcheck.main(["--browser", "off", str(book)]) == 1
     out = capsys.readouterr().out
     assert "notebooks/bad.html: 1 code, 1 output, 1 words" in out and "good.html:" not in out
     assert "theme.html" not in out
+
+
+def test_without_chromium_the_browser_checks_are_skipped_or_required(tmp_path, monkeypatch, capsys):
+    from dispatch_book import browsercheck
+
+    page(tmp_path, "<p>front page</p>", name="index.html")
+    monkeypatch.setattr(browsercheck, "missing_browser", lambda: "no Chromium: install it")
+    assert htmlcheck.main([str(tmp_path)]) == 0  # auto: the static checks, and a word about the others
+    assert "browser checks skipped" in capsys.readouterr().out
+    assert htmlcheck.main(["--browser", "required", str(tmp_path)]) == 2
+    assert "cannot run: no Chromium" in capsys.readouterr().err
 
 
 def test_an_unbuilt_book_is_an_error(tmp_path):

@@ -180,8 +180,10 @@ def figure(doc: dict):
     """Speed-up over bf16 at every T (top) and % of the read ceiling in stored bytes (bottom, decode)."""
     import matplotlib.pyplot as plt
 
+    from dispatch_book.figures import SMALL_PT, WIDTH_IN
+
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
-    width = min(9.4, 1.0 + 2.6 * len(shapes))  # inches: drawn at >= 70% in the book column
+    width = min(WIDTH_IN, 1.0 + 2.6 * len(shapes))  # inches: the book's widest at most
     fig, axes = plt.subplots(2, len(shapes), figsize=(width, 6.2), squeeze=False, sharey="row")
     names = [c for c in dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]) if not c.endswith("no TMA")]
     top = 100.0  # the lower panels' ceiling: 100%, or the highest point (a read can beat the 4 GiB ceiling)
@@ -208,7 +210,7 @@ def figure(doc: dict):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.legend(handles, labels, fontsize=SMALL_PT, loc="lower center", ncol=3, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
