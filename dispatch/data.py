@@ -92,10 +92,11 @@ def tokenizer(vocab_size: int = 4096, root: pathlib.Path | None = None, rebuild:
     path = cache_dir() / f"bpe-{manifest(root)['hash']}-{vocab_size}.json"
     if path.exists() and not rebuild:
         return Tokenizer.from_file(str(path))
+    from dispatch import files
+
     tok = train_tokenizer(vocab_size, root)
-    tmp = path.with_suffix(".tmp")
-    tok.save(str(tmp))
-    tmp.replace(path)  # atomic: a half-written cache file is never read
+    with files.replacing(path) as tmp:  # whole or not at all: a half-written cache file is never read
+        tok.save(str(tmp))
     return tok
 
 

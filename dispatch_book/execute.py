@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import tempfile
 import time
 from unittest import mock
+
+from dispatch import files
 
 
 def declared(nb_path: pathlib.Path) -> dict:
@@ -69,7 +70,8 @@ def render_prose(out_path: pathlib.Path, nb_path: pathlib.Path, root: pathlib.Pa
     if missing:
         raise SystemExit(f"\n{_rel(nb_path, root)}: the prose refers to values no cell glued in this run: "
                          f"{', '.join(missing)} (executed copy: {out_path})")
-    nbformat.write(nb, out_path)
+    with files.replacing(out_path) as tmp:
+        nbformat.write(nb, tmp)
 
 
 def run_in_place(nb_path: pathlib.Path, overrides: dict, scratch: pathlib.Path,
@@ -80,10 +82,8 @@ def run_in_place(nb_path: pathlib.Path, overrides: dict, scratch: pathlib.Path,
     scratch.mkdir(parents=True, exist_ok=True)
     out = scratch / nb_path.name
     secs = execute(nb_path, out, overrides, strict=True, root=root)
-    fd, tmp = tempfile.mkstemp(dir=nb_path.parent, prefix=f".{nb_path.stem}.", suffix=".ipynb")
-    os.close(fd)
-    shutil.copyfile(out, tmp)
-    os.replace(tmp, nb_path)
+    with files.replacing(nb_path) as tmp:
+        shutil.copyfile(out, tmp)
     return secs
 
 
@@ -103,4 +103,5 @@ def relative_paths(out_path: pathlib.Path, nb_path: pathlib.Path, root: pathlib.
     for key in ("input_path", "output_path"):
         if pm.get(key):
             pm[key] = pathlib.Path(nb_path).name
-    nbformat.write(nb, out_path)
+    with files.replacing(out_path) as tmp:
+        nbformat.write(nb, tmp)

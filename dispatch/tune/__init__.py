@@ -61,11 +61,21 @@ import os
 import torch
 import triton
 
-from dispatch import quant, runtime, tables
+from dispatch import files, quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.tune import refine
 from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
 from dispatch.tune.search import BENCH_PRESETS, merge_entry, tune_preset
+
+
+def _check_out(out: str) -> dict | None:
+    """The table already at ``out`` (None if none); SystemExit naming the file if it cannot be
+    written or is not a table: checked before tuning, which saves after every preset."""
+    try:
+        files.check_writable(out)
+        return tables.load_file(out)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"dispatch.tune: --out: {e}") from None
 
 
 def main(argv=None) -> None:
@@ -92,15 +102,23 @@ def main(argv=None) -> None:
         if q.removesuffix("+w8a8") not in quant.SCHEMES or q.endswith("+w8a8") and not q.startswith("fp8"):
             raise SystemExit(f"unknown scheme {q!r}; choose from {sorted(quant.SCHEMES)} (fp8 ones also "
                              "as '<scheme>+w8a8': that entry alone)")
+    try:
+        tokens = sorted(int(t) for t in a.tokens.split(","))
+    except ValueError:
+        p.error(f"--tokens takes comma-separated token counts, e.g. 1,8,64; got {a.tokens!r}")
+    if not tokens or tokens[0] < 1:
+        p.error(f"--tokens must be positive token counts, got {a.tokens!r}")
+    if a.out is not None:  # before anything is tuned: an --out that cannot be written loses no work
+        _check_out(a.out)
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
-    tokens = sorted(int(t) for t in a.tokens.split(","))
     refine_tokens = set(tokens) if a.tokens != p.get_default("tokens") else None  # --refine: every bucket
     dev, dtype = torch.device("cuda"), runtime.compute_dtype()
     name = runtime.device_name(dev)
     out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
+    doc = _check_out(out) or {"entries": {}}
+    doc.setdefault("entries", {})
     t0 = dt.datetime.now()
-    doc = tables.load_file(out) or {"entries": {}}
     jobs = refine.compile_jobs(presets, doc, dtype, schemes, refine_tokens) if a.refine else \
         compile_jobs(presets, tokens, dev, schemes)
     workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])

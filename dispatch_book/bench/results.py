@@ -35,12 +35,11 @@ import pathlib
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import torch
 
-from dispatch import runtime
+from dispatch import files, runtime
 
 SCRATCH = pathlib.Path("_build") / "results"
 PACKAGE = "dispatch_book.results"
@@ -152,12 +151,7 @@ def save(name: str, rows: list[dict], *, out: str | os.PathLike | None = None, c
     if merge and path.is_file():
         doc = merged(doc, json.loads(path.read_text()))
     text = json.dumps(doc, indent=1) + "\n"  # serialise first: a bad row never leaves half a file
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    return files.write_text(path, text)  # whole or not at all
 
 
 _SAME = ("benchmark", "gpu", "gpu_count", "versions", "ceilings")  # what one merged recording must share
