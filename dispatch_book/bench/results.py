@@ -63,6 +63,36 @@ def add_output_args(parser) -> None:
                         help="record a run of uncommitted code (its commit is marked +dirty)")
 
 
+def int_list(text: str) -> list[int]:
+    """argparse type of ``--tokens 1,8,64``: positive ints, or a usage error naming the bad item."""
+    import argparse
+
+    out = []
+    for item in text.split(","):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (e.g. 1,8,64), "
+                                             f"got {item!r} in {text!r}") from None
+        if out[-1] < 1:
+            raise argparse.ArgumentTypeError(f"expected positive integers, got {out[-1]} in {text!r}")
+    return out
+
+
+def preset_list(text: str) -> list[str]:
+    """argparse type of ``--shapes olmoe-1b-7b,mixtral-8x7b``: names of :data:`dispatch.config.PRESETS`."""
+    import argparse
+
+    from dispatch.config import PRESETS
+
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in PRESETS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown preset {', '.join(map(repr, bad)) or repr(text)}; choose from "
+                                         f"{', '.join(sorted(PRESETS))}")
+    return names
+
+
 def gpu_slug(name: str | None = None) -> str:
     """Folder name of a GPU: ``"NVIDIA H200"`` → ``h200``, ``"Tesla T4"`` → ``tesla-t4``; the
     current device's when ``name`` is None (``cpu`` without CUDA)."""
