@@ -44,6 +44,8 @@ def manifest(root: pathlib.Path | None = None) -> dict:
     "hash": sha256 of the file list}``. ``root`` defaults to :func:`stdlib_dir`.
     """
     root = pathlib.Path(root) if root is not None else stdlib_dir()
+    if not root.is_dir():
+        raise FileNotFoundError(f"no folder at {root} (the corpus is the *.py files of one folder)")
     paths = sorted(p for p in root.glob("*.py") if p.is_file())
     if not paths:
         raise ValueError(f"no *.py files under {root}: is this a Python install with its sources?")

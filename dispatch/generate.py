@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None, out=None) -> dict:
     tok = loaded.tokenizer
     ids = tok(a.prompt)["input_ids"]
     if not ids:
-        raise SystemExit("the prompt encodes to no tokens")
+        raise SystemExit(f"dispatch.generate: --prompt {a.prompt!r} encodes to no tokens: give it some text")
     try:
         new_tokens = fit_context(len(ids), a.max_new_tokens,
                                  getattr(loaded.model.config, "max_position_embeddings", None))

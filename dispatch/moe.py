@@ -91,6 +91,9 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
         raise ValueError(f"x must be a torch.Tensor [T, H] or [B, S, H], got {_kind(x)}")
     if x.dim() not in (2, 3):
         raise ValueError(f"x must be a tensor [T, H] or [B, S, H], got shape {tuple(x.shape)}")
+    if x.shape[-1] != cfg.hidden_size:  # named in the caller's shape, not the flattened one
+        raise ValueError(f"x must have shape [T, H={cfg.hidden_size}] or [B, S, H={cfg.hidden_size}], "
+                         f"got {tuple(x.shape)}")
     x_TH = x.reshape(-1, x.shape[-1]) if x.dim() == 3 else x
     check_input(x_TH, cfg)
     if x_TH.device != w.router_EH.device or x_TH.dtype != w.gate_up_E2IH.dtype:

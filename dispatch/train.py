@@ -71,8 +71,13 @@ class TrainConfig:
     def __post_init__(self):
         if self.balance not in ("none", "aux", "bias"):
             raise ValueError(f"balance must be 'none', 'aux' or 'bias', got {self.balance!r}")
-        if self.top_k > self.num_experts or min(self.steps, self.batch_size, self.seq_len, self.warmup) < 1:
-            raise ValueError("need top_k <= num_experts and positive steps, batch_size, seq_len, warmup")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"TrainConfig.top_k={self.top_k} must be <= num_experts={self.num_experts}")
+        for name in ("steps", "batch_size", "seq_len", "warmup", "threads", "log_every", "eval_every",
+                     "eval_tokens", "final_eval_tokens", "vocab_size", "num_layers", "num_heads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
         for name in ("lr", "aux_coef", "z_coef", "bias_rate", "weight_decay"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \

@@ -108,6 +108,8 @@ def main(argv=None) -> None:
         p.error(f"--tokens takes comma-separated token counts, e.g. 1,8,64; got {a.tokens!r}")
     if not tokens or tokens[0] < 1:
         p.error(f"--tokens must be positive token counts, got {a.tokens!r}")
+    if a.workers < 0:
+        p.error(f"--workers must be >= 0 (0: compile while timing), got {a.workers}")
     if a.out is not None:  # before anything is tuned: an --out that cannot be written loses no work
         _check_out(a.out)
     if not runtime.HAS_CUDA:

@@ -76,7 +76,8 @@ def graphed(fn):
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench parallel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="olmoe-1b-7b" if runtime.HAS_CUDA else "tiny", choices=sorted(PRESETS))
     ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096" if runtime.HAS_CUDA else "1,16", type=int_list)
     ap.add_argument("--reps", type=int, default=10)

@@ -98,7 +98,7 @@ def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench routing", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list)
     ap.add_argument("--tokens", default=None, type=bench.int_list, help="comma-separated token counts")
     ap.add_argument("--block-m", type=int, default=64)

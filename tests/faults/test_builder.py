@@ -44,7 +44,8 @@ def test_the_cli_takes_a_cell_timeout_and_names_missing_or_foreign_files(tmp_pat
     with pytest.raises(SystemExit, match="run: no notebook at .*nosuch.ipynb"):  # was: a raw FileNotFoundError
         build.main(["run", str(tmp_path / "nosuch.ipynb")])
     (tmp_path / "README.md").write_text("# not a notebook\n")
-    with pytest.raises(SystemExit, match=r"README.md is not a notebook \(.ipynb\)"):  # was: "does not appear to be JSON"
+    # was: "Notebook does not appear to be JSON"
+    with pytest.raises(SystemExit, match=r"README.md is not a notebook \(.ipynb\)"):
         build.main(["run", str(tmp_path / "README.md")])
     with pytest.raises(SystemExit) as e:
         build.main(["run", str(nb), "--cell-timeout", "-1"])
