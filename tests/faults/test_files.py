@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from dispatch import config, files, quant, tables
+from dispatch import config, quant, tables
 
 
 def _cut_short(monkeypatch):
@@ -37,6 +37,8 @@ def test_tables_write_cut_short_keeps_the_table(tmp_path, monkeypatch):
 
 
 def test_replacing_keeps_the_old_file_on_any_failure_and_the_folder_clean(tmp_path):
+    from dispatch import files
+
     path = tmp_path / "f.bin"
     files.write_bytes(path, b"old")
     with pytest.raises(KeyboardInterrupt), files.replacing(path) as tmp:
