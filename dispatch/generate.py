@@ -16,11 +16,17 @@ the shipped one) on one torch thread, a larger one on torch's default (one per c
 fp8-channel) quantizes the routed experts first. On a GPU they run on the quantized kernels (fp8
 needs sm_89+: an older GPU is refused with a clear error); on CPU they compute on the dequantized
 codes in plain PyTorch — the same numbers the kernels compute, not their speed.
+
+A prompt that fills the model's context (``max_position_embeddings``) is refused; one that leaves
+less room than ``--max-new-tokens`` generates up to the context, with a warning (transformers warns
+the same way, then runs past it).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import warnings
 
 # Below this many parameters a model decodes on one torch thread on CPU (cpu_threads).
 SMALL_MODEL_PARAMS = 200_000_000
@@ -63,7 +69,29 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-graphs", action="store_true", help="run the decode step eagerly on CUDA")
     p.add_argument("--threads", default="auto", help="torch threads on CPU: auto (1 for a small model) or a number")
     p.add_argument("--quant", default=None, help="quantize the experts: int8 | fp8 | a dispatch.quant scheme")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.max_new_tokens < 1:
+        p.error(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
+    if not 1 <= a.batch <= 256:
+        p.error(f"--batch must be 1..256 rows, got {a.batch}")
+    if not (math.isfinite(a.temperature) and a.temperature >= 0):
+        p.error(f"--temperature must be a finite number >= 0 (0 = greedy), got {a.temperature}")
+    if not 0 < a.top_p <= 1:
+        p.error(f"--top-p must lie in (0, 1], got {a.top_p}")
+    return a
+
+
+def fit_context(prompt_len: int, max_new_tokens: int, context: int | None) -> int:
+    """The new tokens that fit the model's context: ValueError if the prompt fills it, fewer than
+    asked (with a warning) if the prompt leaves less room."""
+    if context is None or prompt_len + max_new_tokens <= context:
+        return max_new_tokens
+    if prompt_len >= context:
+        raise ValueError(f"the prompt is {prompt_len} tokens; the model's context is {context} "
+                         "(max_position_embeddings): no room to generate")
+    warnings.warn(f"prompt ({prompt_len} tokens) + --max-new-tokens {max_new_tokens} exceeds the model's "
+                  f"context of {context} tokens: generating {context - prompt_len}", stacklevel=2)
+    return context - prompt_len
 
 
 def main(argv: list[str] | None = None, out=None) -> dict:
@@ -75,9 +103,15 @@ def main(argv: list[str] | None = None, out=None) -> dict:
     a = parse(argv)
     out = out or sys.stdout
     params = SamplingParams(a.temperature, a.top_p, a.seed)
-    scheme = None if a.quant is None else scheme_name(a.quant)  # a bad name fails before loading
+    try:
+        scheme = None if a.quant is None else scheme_name(a.quant)  # a bad name fails before loading
+    except ValueError as e:
+        raise SystemExit(f"dispatch.generate: --quant: {e}") from None
     threads = None if a.threads == "auto" else cpu_threads(None, a.threads)  # a bad number fails before loading
-    loaded = load(a.model, device=a.device, dtype=a.dtype)
+    try:
+        loaded = load(a.model, device=a.device, dtype=a.dtype)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"dispatch.generate: --model {a.model}: {e}") from None
     if scheme is not None:
         quantize(loaded.model, scheme)
     import torch
@@ -99,10 +133,15 @@ def _generate(a, loaded, scheme, params, out, threads) -> dict:
     tok = loaded.tokenizer
     ids = tok(a.prompt)["input_ids"]
     if not ids:
-        raise SystemExit("the prompt encodes to no tokens")
+        raise SystemExit(f"dispatch.generate: --prompt {a.prompt!r} encodes to no tokens: give it some text")
+    try:
+        new_tokens = fit_context(len(ids), a.max_new_tokens,
+                                 getattr(loaded.model.config, "max_position_embeddings", None))
+    except ValueError as e:
+        raise SystemExit(f"dispatch.generate: {e}") from None
     eos = loaded.model.generation_config.eos_token_id
     stop = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-    eng = Engine(loaded.model, max_batch=a.batch, max_seq=len(ids) + a.max_new_tokens,
+    eng = Engine(loaded.model, max_batch=a.batch, max_seq=len(ids) + new_tokens,
                  graphs=False if a.no_graphs else None)
     out.write(a.prompt)
     out.flush()
@@ -118,7 +157,7 @@ def _generate(a, loaded, scheme, params, out, threads) -> dict:
         out.flush()
         shown = text
 
-    res = eng.generate([ids] * a.batch, a.max_new_tokens, params, stop_tokens=stop, on_token=on_token)
+    res = eng.generate([ids] * a.batch, new_tokens, params, stop_tokens=stop, on_token=on_token)
     out.write("\n")
     texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
     for b in range(1, a.batch):

@@ -9,12 +9,20 @@ shared memory) are read once per device and cached.
 
 Dtypes: bf16 on sm_80+; fp16 below sm_80 (a T4 is sm_75: Triton's bf16 fails there although
 ``torch.cuda.is_bf16_supported()`` says True); fp32 on CPU (the interpreter mis-loads bf16).
+
+Threads: Triton's interpreter keeps one global state per process (the grid of the launch in flight,
+``triton.language`` patched for it), so two threads launching at once corrupt each other (wrong
+values, errors, crashes). Under the interpreter every launch therefore holds one lock
+(:func:`serial_interpreter`, put around ``InterpretedFunction.run`` here, once); so does a launcher
+whose scratch memory is shared between its calls (the one-launch decode kernels' counters). Compiled
+kernels on a GPU take no lock: concurrent callers are safe on separate streams.
 """
 from __future__ import annotations
 
 import functools
 import os
 import platform
+import threading
 
 import torch
 
@@ -99,16 +107,51 @@ def _interpreter_patches_once() -> None:
     executor.__call__ = call
 
 
+_INTERPRETER_LOCK = threading.RLock()  # re-entrant: a locked launcher launches locked kernels
+
+
+def serial_interpreter(fn):
+    """``fn`` run holding the interpreter's one lock when kernels are interpreted (else ``fn`` itself):
+    for every interpreted launch, and for launchers that share scratch memory between calls."""
+    if not INTERPRET:
+        return fn
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with _INTERPRETER_LOCK:
+            return fn(*args, **kwargs)
+    locked.serial_interpreter = True
+    return locked
+
+
+def _interpreter_one_launch_at_a_time() -> None:
+    """Every interpreted launch (``kernel[grid](...)``, under ``triton.heuristics`` too) goes through
+    ``InterpretedFunction.run``: it holds the lock from here on."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    run = interpreter.InterpretedFunction.run
+    if not getattr(run, "serial_interpreter", False):
+        interpreter.InterpretedFunction.run = serial_interpreter(run)
+
+
 if INTERPRET:
     _interpreter_scalar_loops()
     _interpreter_patches_once()
+    _interpreter_one_launch_at_a_time()
 
 
 def device(name: str = "auto") -> torch.device:
     """'auto' → cuda if present else cpu; 'cpu' / 'cuda' / 'cuda:1' as given (checked)."""
     if name == "auto":
         return torch.device("cuda" if HAS_CUDA else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {name!r}")
     if dev.type == "cuda" and not HAS_CUDA:
         raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU; use 'cpu' or 'auto'")
     if dev.type not in ("cpu", "cuda"):

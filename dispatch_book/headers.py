@@ -17,6 +17,8 @@ import copy
 import pathlib
 import re
 
+from dispatch import files
+
 # What Colab ships: never reinstalled by the install cell.
 ON_COLAB = {"torch", "triton", "numpy", "matplotlib", "tqdm"}
 
@@ -78,7 +80,7 @@ def sync(root: pathlib.Path, paths=None, *, dry_run: bool = False) -> list[pathl
     new_cfg = re.sub(r"(?m)^(repository:\n(?:  .*\n)*?  branch: ).*$", lambda m: m.group(1) + pinned_ref(root), new_cfg)
     if new_cfg != cfg:
         if not dry_run:
-            cfg_path.write_text(new_cfg)
+            files.write_text(cfg_path, new_cfg)
         changed.append(cfg_path)
     for p in paths or sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(p, as_version=4)
@@ -104,6 +106,7 @@ def sync(root: pathlib.Path, paths=None, *, dry_run: bool = False) -> list[pathl
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         if nb != before:
             if not dry_run:
-                nbformat.write(nb, p)
+                with files.replacing(p) as tmp:
+                    nbformat.write(nb, tmp)
             changed.append(p)
     return changed

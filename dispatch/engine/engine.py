@@ -69,10 +69,12 @@ class Engine:
     DeepSeek-V3 runs transformers' own forward: :class:`dispatch.engine.hfmodel.HFModel`)."""
 
     def __init__(self, model, *, max_batch: int = 1, max_seq: int = 512, graphs: bool | None = None):
+        if not isinstance(max_batch, int) or not 1 <= max_batch <= BUCKETS[-1]:
+            raise ValueError(f"max_batch must be an int in 1..{BUCKETS[-1]} (rows at once), got {max_batch!r}")
+        if not isinstance(max_seq, int) or max_seq < 2:
+            raise ValueError(f"max_seq must be an int >= 2 (prompt + new tokens), got {max_seq!r}")
         self.model = model if isinstance(model, (LeanModel, HFModel)) else as_engine_model(model)
         self.dev = self.model.device
-        if max_seq < 2:
-            raise ValueError(f"max_seq must be >= 2, got {max_seq}")
         window = self.model.cfg.sliding_window
         if window is not None and max_seq > window:
             raise ValueError(f"max_seq={max_seq} exceeds the model's sliding window ({window}): the lean "

@@ -23,6 +23,12 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"SamplingParams.{name} must be a number, got {v!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"SamplingParams.seed must be an int, got {self.seed!r}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:

@@ -71,14 +71,23 @@ def nearest_bucket(buckets, T: int, need: str | None = None, within: float | Non
 
 
 def load_file(path) -> dict | None:
-    """A table file anywhere (the tuner merges into its --out file), or None if there is none."""
+    """A table file anywhere (the tuner merges into its --out file), or None if there is none;
+    ValueError naming the file if it is not a table (not JSON, or no "entries")."""
     path = pathlib.Path(path)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a tile table (not valid JSON: {e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries", {}), dict):
+        raise ValueError(f"{path} is not a tile table (expected a JSON object with an \"entries\" object)")
+    return doc
 
 
 def write(path, doc: dict) -> pathlib.Path:
-    """Write a table (the tuner's output) as sorted, indented JSON."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return path
+    """Write a table (the tuner's output) as sorted, indented JSON, whole or not at all: a write cut
+    short leaves the table it was merging into as it was."""
+    from dispatch import files
+
+    return files.write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")

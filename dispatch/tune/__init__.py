@@ -66,11 +66,21 @@ import os
 import torch
 import triton
 
-from dispatch import quant, runtime, tables
+from dispatch import files, quant, runtime, tables
 from dispatch.config import PRESETS
 from dispatch.tune import refine, routing_dist
 from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
 from dispatch.tune.search import BENCH_PRESETS, merge_entry, tune_preset
+
+
+def _check_out(out: str) -> dict | None:
+    """The table already at ``out`` (None if none); SystemExit naming the file if it cannot be
+    written or is not a table: checked before tuning, which saves after every preset."""
+    try:
+        files.check_writable(out)
+        return tables.load_file(out)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"dispatch.tune: --out: {e}") from None
 
 
 def main(argv=None) -> None:
@@ -100,6 +110,16 @@ def main(argv=None) -> None:
             raise SystemExit(f"unknown scheme {q!r}; choose from {sorted(quant.SCHEMES)} (fp8 ones also "
                              "as '<scheme>+w8a8': that entry alone)")
     try:
+        tokens = sorted(int(t) for t in a.tokens.split(","))
+    except ValueError:
+        p.error(f"--tokens takes comma-separated token counts, e.g. 1,8,64; got {a.tokens!r}")
+    if not tokens or tokens[0] < 1:
+        p.error(f"--tokens must be positive token counts, got {a.tokens!r}")
+    if a.workers < 0:
+        p.error(f"--workers must be >= 0 (0: compile while timing), got {a.workers}")
+    if a.out is not None:  # before anything is tuned: an --out that cannot be written loses no work
+        _check_out(a.out)
+    try:
         routing = routing_dist.parse(a.routing).name
     except ValueError as e:
         raise SystemExit(str(e)) from None
@@ -107,13 +127,13 @@ def main(argv=None) -> None:
         raise SystemExit("--refine starts from the table's uniform entries: tune other routings without it")
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
-    tokens = sorted(int(t) for t in a.tokens.split(","))
     refine_tokens = set(tokens) if a.tokens != p.get_default("tokens") else None  # --refine: every bucket
     dev, dtype = torch.device("cuda"), runtime.compute_dtype()
     name = runtime.device_name(dev)
     out = a.out or str(tables.__path__[0]) + f"/{tables.device_slug(name)}.json"
+    doc = _check_out(out) or {"entries": {}}
+    doc.setdefault("entries", {})
     t0 = dt.datetime.now()
-    doc = tables.load_file(out) or {"entries": {}}
     jobs = refine.compile_jobs(presets, doc, dtype, schemes, refine_tokens) if a.refine else \
         compile_jobs(presets, tokens, dev, schemes)
     workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])

@@ -147,7 +147,8 @@ def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
                      lambda c: grouped_up_swiglu(x_TH, routes, qe.gate_up, config=c, w8a8=True),
                      h_PI[slots], timer, log, "up w8a8", view=lambda h: h[slots])
     down, _, _ = _best(quant_gemm_space("down", base, dev, late) or [base],
-                       lambda c: grouped_down(h_PI, routes, qe.down, weights_TK, config=c, w8a8=True),
+                       lambda c: grouped_down(h_PI, routes, qe.down, weights_TK, config=c, w8a8=True,
+                                              zero_skipped=False),
                        grouped_down(h_PI, routes, qe.down, weights_TK, config=base, w8a8=True),
                        timer, log, "down w8a8")
 

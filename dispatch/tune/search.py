@@ -160,7 +160,8 @@ def _tune_block_m(bm, case, dev, timer, log) -> tuple:
                          lambda c: gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=c),
                          h_PI[slots], timer, log, "up", view=lambda h: h[slots])
     down, down_us, _ = _best(gemm_space("down", bm, dev) or [base_d],
-                             lambda c: gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c),
+                             lambda c: gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c,
+                                                       zero_skipped=False),
                              gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=base_d),
                              timer, log, "down")
     return up, down, up_us + down_us, base_u, base_d

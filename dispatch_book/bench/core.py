@@ -24,7 +24,9 @@ from dispatch_book.bench.results import (  # noqa: F401
     configure,
     git_commit,
     gpu_slug,
+    int_list,
     load,
+    preset_list,
     provenance,
     save,
 )

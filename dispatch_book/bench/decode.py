@@ -136,8 +136,8 @@ def _measure_one(name: str, T: int, dev, dtype, hbm_bps: float, log, routing: st
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench.decode")
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list)
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), type=bench.int_list)
     p.add_argument("--quick", action="store_true", help="tokens 1,8,64 only")
     p.add_argument("--out", default=None, help="results directory (default results/)")
     skew.add_routing_arg(p)
@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     if not runtime.HAS_CUDA:
         raise SystemExit("bench_decode needs a CUDA GPU (the chapter plots the recorded results instead)")
     dev, dtype = torch.device("cuda"), runtime.compute_dtype()
-    tokens = (1, 8, 64) if a.quick else tuple(int(t) for t in a.tokens.split(","))
+    tokens = (1, 8, 64) if a.quick else tuple(a.tokens)
     rows = []
-    for name in a.shapes.split(","):
+    for name in a.shapes:
         rows += measure(name, tokens, dev, dtype, routing=routing)
         # after every shape: a run cut short keeps what it measured
         path = bench.save(skew.results_name("decode", routing), rows,

@@ -229,7 +229,7 @@ def profiles(model, lean, B: int) -> list[dict]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench e2e")
-    ap.add_argument("--batches", default="1,8,64,256")
+    ap.add_argument("--batches", default="1,8,64,256", type=bench.int_list)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--hf-new", type=int, default=16, help="new tokens for the slow transformers paths")
@@ -237,6 +237,9 @@ def main(argv=None) -> None:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
+    unknown = [n for n in a.contestants.split(",") if n not in CONTESTANTS]
+    if unknown:
+        ap.error(f"unknown contestant {', '.join(map(repr, unknown))}; choose from {', '.join(CONTESTANTS)}")
     if not runtime.HAS_CUDA:
         raise SystemExit("the end-to-end benchmark runs on a CUDA GPU")
 
@@ -244,7 +247,7 @@ def main(argv=None) -> None:
 
     t_start = time.perf_counter()
     register()
-    batches = [int(b) for b in a.batches.split(",")]
+    batches = list(a.batches)
     model = build()
     gbps, gbps_source = read_gbps()
     lean = LeanModel.from_hf(model)  # shares the weights; only the fused QKV is a copy

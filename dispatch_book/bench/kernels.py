@@ -230,8 +230,8 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench kernels")
-    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated PRESETS names")
-    p.add_argument("--tokens", default=None, help="comma-separated token counts")
+    p.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list, help="comma-separated PRESETS names")
+    p.add_argument("--tokens", default=None, type=bench.int_list, help="comma-separated token counts")
     p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS}, shorter timing")
     skew.add_routing_arg(p)
     p.add_argument("--peer-budget-s", type=float, default=PEER_BUDGET_S, help="the peer's tile search at one "
@@ -247,11 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     routing = skew.parse_or_exit(a.routing)
     if not runtime.HAS_CUDA:
         raise SystemExit("the kernels benchmark needs a CUDA GPU (the chapters plot the recorded results)")
-    shapes = [s for s in a.shapes.split(",") if s]
-    for s in shapes:
-        if s not in PRESETS:
-            raise SystemExit(f"unknown shape {s!r}; choose from {sorted(PRESETS)}")
-    tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else (QUICK_TOKENS if a.quick else TOKENS)
+    shapes = a.shapes
+    tokens = a.tokens or (QUICK_TOKENS if a.quick else TOKENS)
     dev, dtype = runtime.device("cuda"), runtime.compute_dtype()
     warmup, rep = (5, 20) if a.quick else (10, 50)
     rows = []

@@ -217,8 +217,8 @@ def figure(doc: dict):
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench quant")
-    p.add_argument("--shapes", default=None, help=f"default {','.join(SHAPES)}")
-    p.add_argument("--tokens", default=None, help=f"default {','.join(map(str, TOKENS))}")
+    p.add_argument("--shapes", default=None, type=bench.preset_list, help=f"default {','.join(SHAPES)}")
+    p.add_argument("--tokens", default=None, type=bench.int_list, help=f"default {','.join(map(str, TOKENS))}")
     p.add_argument("--quick", action="store_true",
                    help=f"shapes {QUICK_SHAPES}, tokens {QUICK_TOKENS}, schemes {QUICK_SCHEMES} (~2 min)")
     skew.add_routing_arg(p)
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the quant benchmark needs a CUDA GPU (chapter 7 plots the recorded results instead)")
     dev = torch.device("cuda")
     read_bps, source = read_ceiling()
-    shapes = a.shapes.split(",") if a.shapes else QUICK_SHAPES if a.quick else SHAPES
-    tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else QUICK_TOKENS if a.quick else TOKENS
+    shapes = a.shapes or (QUICK_SHAPES if a.quick else SHAPES)
+    tokens = tuple(a.tokens) if a.tokens else QUICK_TOKENS if a.quick else TOKENS
     schemes = QUICK_SCHEMES if a.quick else quant.SCHEMES
     rows, memory = [], []
     extra = {"read_bps": read_bps, "read_bps_source": source, "memory": memory,

@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from dispatch import files
 from dispatch_book.bench import results, sets
 
 
@@ -101,10 +102,7 @@ def finish(step: Step, folder: pathlib.Path, commit: str, seconds: float, rc: in
     entry["gpu"] = results.gpu_slug()
     entry["steps"][step.name] = {"git_commit": commit, "wall_s": round(seconds, 1), "exit": rc,
                                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{LOG}.tmp"
-    tmp.write_text(json.dumps(entry, indent=1) + "\n")
-    tmp.replace(folder / LOG)
+    files.write_text(folder / LOG, json.dumps(entry, indent=1) + "\n")
 
 
 def _command(step: Step, out: str) -> list[list[str]]:

@@ -36,12 +36,11 @@ import pathlib
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import torch
 
-from dispatch import runtime
+from dispatch import files, runtime
 
 SCRATCH = pathlib.Path("_build") / "results"
 PACKAGE = "dispatch_book.results"
@@ -63,6 +62,36 @@ def add_output_args(parser) -> None:
                              "folder; `--out results` replaces the recording the book reads)")
     parser.add_argument("--allow-dirty", action="store_true", default=_cli["allow_dirty"],
                         help="record a run of uncommitted code (its commit is marked +dirty)")
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type of ``--tokens 1,8,64``: positive ints, or a usage error naming the bad item."""
+    import argparse
+
+    out = []
+    for item in text.split(","):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (e.g. 1,8,64), "
+                                             f"got {item!r} in {text!r}") from None
+        if out[-1] < 1:
+            raise argparse.ArgumentTypeError(f"expected positive integers, got {out[-1]} in {text!r}")
+    return out
+
+
+def preset_list(text: str) -> list[str]:
+    """argparse type of ``--shapes olmoe-1b-7b,mixtral-8x7b``: names of :data:`dispatch.config.PRESETS`."""
+    import argparse
+
+    from dispatch.config import PRESETS
+
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in PRESETS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown preset {', '.join(map(repr, bad)) or repr(text)}; choose from "
+                                         f"{', '.join(sorted(PRESETS))}")
+    return names
 
 
 def gpu_slug(name: str | None = None) -> str:
@@ -153,12 +182,7 @@ def save(name: str, rows: list[dict], *, out: str | os.PathLike | None = None, c
     if merge and path.is_file():
         doc = merged(doc, json.loads(path.read_text()))
     text = json.dumps(doc, indent=1) + "\n"  # serialise first: a bad row never leaves half a file
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    return files.write_text(path, text)  # whole or not at all
 
 
 _SAME = ("benchmark", "gpu", "gpu_count", "versions", "ceilings")  # what one merged recording must share

@@ -98,16 +98,16 @@ def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tokens", default=None, help="comma-separated token counts")
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench routing", description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list)
+    ap.add_argument("--tokens", default=None, type=bench.int_list, help="comma-separated token counts")
     ap.add_argument("--block-m", type=int, default=64)
     ap.add_argument("--device", default="auto")
     bench.add_output_args(ap)
     args = ap.parse_args(argv)
     bench.results.checked_commit(args.allow_dirty)  # refuse before measuring, not after
-    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
-    rows = measure(args.device, shapes=args.shapes.split(","), tokens=tokens, block_m=args.block_m)
+    tokens = tuple(args.tokens) if args.tokens else None
+    rows = measure(args.device, shapes=args.shapes, tokens=tokens, block_m=args.block_m)
     path = bench.save("routing_sort", rows, out=args.out, allow_dirty=args.allow_dirty)
     by = {(r["shape"], r["T"], r["op"], r["impl"]): r["median_ms"] for r in rows}
     ops = ("route", "sort", "route+sort")

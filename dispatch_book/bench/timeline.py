@@ -122,16 +122,16 @@ def figure(doc: dict, shape: str, tokens: int):
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench timeline")
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list)
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), type=bench.int_list)
     bench.add_output_args(p)
     a = p.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the timeline reads the GPU's clock: it needs a CUDA GPU")
     dev, dtype = torch.device("cuda"), runtime.compute_dtype(torch.device("cuda"))
     rows = []
-    for name in a.shapes.split(","):
-        for T in (int(t) for t in a.tokens.split(",")):
+    for name in a.shapes:
+        for T in a.tokens:
             for r in trace_layer(name, T, dev, dtype):
                 print(f"{name:16s} T={T:3d} {r['kernel']:10s} span {r['span_us']:7.1f} us, tail {r['tail_us']:6.1f} us,"
                       f" {r['sms']} SMs, items/program {r['items_per_program']}, busy {r['busy_share']:.0%}")
