@@ -38,3 +38,14 @@ def test_a_value_no_cell_glued_is_named():
 def test_no_committed_chapter_shows_a_placeholder(nb_path):
     nb = json.loads(nb_path.read_text())
     assert prose.placeholders(nb) == [], "execute the chapter (python -m dispatch_book.build run ...)"
+
+
+@pytest.mark.parametrize("nb_path", sorted(pathlib.Path(__file__).parent.parent.glob("notebooks/*.ipynb")),
+                         ids=lambda p: p.stem)
+def test_every_number_in_a_committed_chapter_is_glued_by_it_with_that_value(nb_path):
+    nb = json.loads(nb_path.read_text())
+    values = prose.glued(nb)
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            src = "".join(cell["source"])
+            assert prose.render_text(src, values) == (src, []), "re-render the chapter: its prose is out of date"
