@@ -50,3 +50,94 @@ def invariance(model, Ts, *, tokens_per_row: int = 1, seed: int = 0, cache_len: 
         rows.append({"T": T, "tokens_per_row": S, "rows": T,
                      "equal": sum(bool(torch.equal(out[r], alone[r])) for r in range(T))})
     return rows
+
+
+# ---- held-out text, greedy continuations and acceptance traces ----
+
+def held_out_prompts(tokenizer, n: int = 12, prompt_tokens: int = 64, new_tokens: int = 64, seed: int = 0,
+                     checkpoint: str = "cpu") -> list[dict]:
+    """Prompts from the validation files of a shipped checkpoint's manifest — standard-library files
+    its model never trained on — read from this Python's standard library where a file's SHA-256 is
+    the manifest's (another Python's file of that name is other text). One prompt per file, the first
+    ``n`` files, at a seeded offset with room for ``new_tokens`` after it: [{"file", "offset", "ids"}]."""
+    import hashlib
+    import json
+    import random
+
+    from dispatch import data
+    from dispatch.train import ASSETS
+
+    manifest = json.loads((ASSETS / checkpoint / "manifest.json").read_text())
+    root, out = data.stdlib_dir(), []
+    for f in manifest["files"]:
+        path = root / f["name"]
+        if f["split"] != "val" or not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != f["sha256"]:
+            continue
+        ids = tokenizer(path.read_text(encoding="utf-8", errors="replace"))["input_ids"]
+        if len(ids) < prompt_tokens + new_tokens:
+            continue
+        off = random.Random(f"{seed}:{f['name']}").randrange(prompt_tokens, len(ids) - new_tokens + 1)
+        out.append({"file": f["name"], "offset": off, "ids": ids[off - prompt_tokens:off]})
+        if len(out) == n:
+            return out
+    raise ValueError(f"only {len(out)} of {n} held-out files of the {checkpoint!r} manifest are on this Python "
+                     f"({root}); the traces are recorded where they are (results/cpu/speculative_traces.json)")
+
+
+def lookup_runs(prompt: list[int], cont: list[int], k_max: int, n_max: int = 3, n_min: int = 1) -> list[int]:
+    """runs[p] (:mod:`dispatch.serve.spec_cost`): the drafts prompt lookup keeps when the continuation's
+    p-th token is the last one, capped at ``k_max``; exactly what :func:`dispatch.serve.drafters.lookup`
+    proposes in the engine."""
+    from dispatch.serve.acceptance import leading
+    from dispatch.serve.drafters import lookup
+
+    full = torch.tensor(prompt + cont)
+    P, N = len(prompt), len(cont)
+    last = torch.arange(P, P + N)
+    drafts = lookup(full.expand(N, -1), last, k_max, n_max, n_min)
+    nxt = torch.cat([full, torch.full((k_max,), -1)])  # past the end: never a match
+    truth = nxt[(last[:, None] + 1 + torch.arange(k_max))]
+    return leading(drafts == truth).tolist()
+
+
+def draft_runs(draft_model, prompt: list[int], cont: list[int], k_max: int) -> list[int]:
+    """runs[p] for a greedy draft model: its guesses, given the true text so far (one forward over
+    prompt + continuation), kept while they equal the continuation — the k greedy steps it takes in
+    the engine, up to round-off between one forward and step-by-step decoding."""
+    full = torch.tensor([prompt + cont], device=draft_model.device)
+    S = full.shape[1]
+    with torch.no_grad():
+        logits = draft_model(full, torch.arange(S, device=full.device)[None], draft_model.new_cache(1, S),
+                             prefill=True)[0]
+    ok = torch.cat([(logits[:-1].argmax(-1) == full[0, 1:]).cpu(), torch.zeros(k_max, dtype=torch.bool)])
+    P, N = len(prompt), len(cont)
+    idx = torch.arange(P, P + N)[:, None] + torch.arange(k_max)  # guesses at positions q, q+1, ...
+    return ok[idx].long().cumprod(dim=1).sum(dim=1).tolist()
+
+
+def distinct_experts(model, sequences: list[list[int]], windows=range(1, 10)) -> dict:
+    """Routing of a transformers MoE model on real text: the mean number of distinct experts a layer
+    uses for w consecutive tokens (a verify step of w = k+1 tokens), for w in ``windows``, and each
+    expert's share of tokens per layer (``inclusion_LE``, for the skew-aware formula)."""
+    from dispatch.routertap import RouterTap
+
+    E = model.config.num_experts
+    L = model.config.num_hidden_layers
+    totals = {w: 0.0 for w in windows}
+    counts = {w: 0 for w in windows}
+    chosen_LE, tokens = torch.zeros(L, E, dtype=torch.float64), 0
+    for seq in sequences:
+        with torch.no_grad(), RouterTap(model) as tap:
+            model(input_ids=torch.tensor([seq], device=model.device))
+        for layer, ids_TK in enumerate(tap.ids_L):
+            onehot_TE = torch.zeros(ids_TK.shape[0], E, dtype=torch.float64).scatter_(1, ids_TK.cpu().long(), 1.0)
+            chosen_LE[layer] += onehot_TE.sum(0)
+            csum = torch.cat([torch.zeros(1, E, dtype=torch.float64), onehot_TE.cumsum(0)])
+            for w in windows:
+                if w <= ids_TK.shape[0]:
+                    present = (csum[w:] - csum[:-w]) > 0  # [T - w + 1, E]: experts used in each window
+                    totals[w] += present.sum().item()
+                    counts[w] += present.shape[0]
+        tokens += len(seq)
+    return {"windows": list(windows), "measured": [totals[w] / counts[w] for w in windows],
+            "inclusion_LE": (chosen_LE / tokens).tolist(), "E": E, "K": model.config.num_experts_per_tok}

@@ -127,31 +127,29 @@ class SpeculativeEngine(Engine):
     def _ks(self) -> range:
         return range(self.adaptive.k_min, self.adaptive.k_max + 1) if self.adaptive else range(self.k, self.k + 1)
 
-    def stream(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = GREEDY, *,
-               stop_tokens: tuple[int, ...] = (), stats: Generation | None = None) -> Iterator[list[list[int]]]:
-        """Yield, per step, each row's new tokens (0 to k+1 of them; none once a row has stopped)."""
+    def check_request(self, prompts: list[list[int]], max_new_tokens: int) -> int:
+        """The bucket of a valid request; ValueError naming what is wrong otherwise."""
         n = len(prompts)
         if not 1 <= n <= self.max_batch or any(len(p) == 0 for p in prompts) or max_new_tokens < 1:
             raise ValueError(f"need 1..{self.max_batch} non-empty prompts and max_new_tokens >= 1, got {n} "
                              f"prompts, max_new_tokens={max_new_tokens}")
-        lens = [len(p) for p in prompts]
-        if max(lens) + max_new_tokens > self.limit:
-            raise ValueError(f"prompt ({max(lens)}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={self.limit}")
-        B = bucket(n)
-        if self.graphs:
-            for k in self._ks():
-                self.capture_spec(B, k, params.greedy)
+        longest = max(len(p) for p in prompts)
+        if longest + max_new_tokens > self.limit:
+            raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={self.limit}")
+        return bucket(n)
+
+    def prepare(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = GREEDY) -> int:
+        """Prefill, fill the token history and each row's cap, start the drafter (graphs are captured
+        before: :meth:`capture_spec`). Returns the bucket B. (:meth:`stream` calls it.)"""
+        n, B = len(prompts), self.check_request(prompts, max_new_tokens)
+        if self.adaptive is not None:
+            self.adaptive.reset()
         self.temperature.fill_(params.temperature or 1.0)
         self.top_p.fill_(params.top_p)
         if self.generator is not None:
             self.generator.manual_seed(params.seed)
         else:
             torch.cuda.manual_seed(params.seed)
-        stats = stats if stats is not None else Generation([])
-        stats.batch, stats.prompt_tokens = n, sum(lens)
-        sync = torch.cuda.synchronize if self.dev.type == "cuda" else (lambda: None)
-        sync()
-        t0 = time.perf_counter()
         self._prefill(prompts, B, params)
         self.hist_BS[:B].zero_()
         for b, p in enumerate(prompts):
@@ -160,6 +158,21 @@ class SpeculativeEngine(Engine):
         self.cap_B[:B].copy_(self.pos_B[:B])  # dummy rows of the bucket never advance
         self.cap_B[:n] += max_new_tokens - 1
         self.drafter.start(self, prompts, B)
+        return B
+
+    def stream(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = GREEDY, *,
+               stop_tokens: tuple[int, ...] = (), stats: Generation | None = None) -> Iterator[list[list[int]]]:
+        """Yield, per step, each row's new tokens (0 to k+1 of them; none once a row has stopped)."""
+        n, B = len(prompts), self.check_request(prompts, max_new_tokens)
+        if self.graphs:
+            for k in self._ks():
+                self.capture_spec(B, k, params.greedy)
+        stats = stats if stats is not None else Generation([])
+        stats.batch, stats.prompt_tokens = n, sum(len(p) for p in prompts)
+        sync = torch.cuda.synchronize if self.dev.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        self.prepare(prompts, max_new_tokens, params)
         sync()
         stats.prefill_s = time.perf_counter() - t0
         stop, done, emitted = set(stop_tokens), [False] * n, [0] * n

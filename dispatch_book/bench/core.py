@@ -45,6 +45,7 @@ SUITES = {
     "step_kernels": "dispatch_book.bench.step_kernels",
     "timeline": "dispatch_book.bench.timeline",
     "split": "dispatch_book.bench.split",
+    "speculative": "dispatch_book.bench.speculative",
     "evidence": "dispatch_book.bench.evidence",
     "all": "dispatch_book.bench.record",
 }

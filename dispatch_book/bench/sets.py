@@ -47,6 +47,10 @@ EXTRA_MEASURES = {
     "quant_fp8_convert": ("dispatch/kernels", "dispatch/quant", "dispatch_book/bench/quant.py"),
     "balance_study": ("dispatch/train.py", "dispatch/balance.py", "dispatch_book/bench/balance_study.py"),
     "expert_parallel": ("dispatch/parallel", "dispatch/kernels", "dispatch_book/bench/parallel.py"),
+    "speculative": ("dispatch/engine", "dispatch/kernels", "dispatch/serve", "dispatch_book/bench/speculative.py",
+                    "dispatch_book/bench/spec_record.py"),
+    "speculative_traces": ("dispatch/train.py", "dispatch/assets", "dispatch/serve", "dispatch_book/spec_study.py",
+                           "dispatch_book/bench/spec_record.py"),
 }
 
 
