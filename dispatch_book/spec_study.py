@@ -141,3 +141,80 @@ def distinct_experts(model, sequences: list[list[int]], windows=range(1, 10)) ->
         tokens += len(seq)
     return {"windows": list(windows), "measured": [totals[w] / counts[w] for w in windows],
             "inclusion_LE": (chosen_LE / tokens).tolist(), "E": E, "K": model.config.num_experts_per_tok}
+
+
+def acceptance(runs: list[list[int]], ks=range(1, 9)) -> list[dict]:
+    """What a set of traces says at each fixed k: the acceptance rate α (kept / tried over every
+    position: a draft is tried when all before it were kept) and the tokens a step emits on average
+    when replayed (:func:`dispatch.serve.spec_cost.simulate`)."""
+    from dispatch.serve.spec_cost import simulate
+
+    out = []
+    for k in ks:
+        kept = sum(min(r, k) for t in runs for r in t)
+        tried = sum(min(r, k) + (r < k) for t in runs for r in t)
+        parts = [simulate(t, [1.0] * (k + 1), k) for t in runs]
+        out.append({"k": k, "alpha": kept / tried, "tokens_per_step": sum(p["tokens"] for p in parts)
+                    / sum(p["steps"] for p in parts)})
+    return out
+
+
+def race(target, draft, prompts: list[list[int]], new: int, *, k_lookup: int, k_draft: int,
+         costs: dict[str, list[float]], peers: bool = True) -> list[dict]:
+    """Batch 1, each prompt alone, greedy: tokens/s of the plain engine, speculative decoding (prompt
+    lookup at ``k_lookup`` and adaptive; the draft model at ``k_draft``) and, with ``peers``,
+    transformers' ``generate`` (plain, ``prompt_lookup_num_tokens``, ``assistant_model``); and how many
+    outputs are the plain engine's (``identical``). ``costs``: step times per k for the adaptive k."""
+    from dispatch.engine import Engine, LeanModel
+    from dispatch.serve.drafters import DraftModel, PromptLookup
+    from dispatch.serve.spec_cost import AdaptiveK
+    from dispatch.serve.speculative import SpeculativeEngine
+    from dispatch_book.bench.speculative import hf_generate, run_each, tokens_per_s
+
+    lean, S = LeanModel.from_hf(target), max(len(p) for p in prompts) + new
+    plain = run_each(Engine(lean, max_seq=S), prompts, new)
+    ref = [o.tokens[0] for o in plain]
+    rows = [{"contestant": "plain", "tok_s": tokens_per_s(plain)[0], "identical": len(prompts)}]
+    for name, drafter, k, ad in (
+            (f"lookup, k={k_lookup}", PromptLookup(), k_lookup, None),
+            ("lookup, adaptive k", PromptLookup(), 8, AdaptiveK(costs["lookup"])),
+            (f"draft model, k={k_draft}", DraftModel(draft), k_draft, None)):
+        outs = run_each(SpeculativeEngine(lean, drafter, k=k, adaptive=ad, max_seq=S), prompts, new)
+        rows.append({"contestant": name, "tok_s": tokens_per_s(outs)[0],
+                     "identical": sum(o.tokens[0] == r for o, r in zip(outs, ref, strict=True))})
+    if peers:
+        for name, kw in (("transformers", {}), (f"transformers, prompt lookup {k_lookup}",
+                                                 {"prompt_lookup_num_tokens": k_lookup}),
+                         ("transformers, assistant model", {"assistant_model": draft})):
+            rate, outs = hf_generate(target, prompts, new, **kw)
+            rows.append({"contestant": name, "tok_s": rate,
+                         "identical": sum(o == r for o, r in zip(outs, ref, strict=True))})
+    return rows
+
+
+def gpu_summary(doc: dict) -> dict[str, list[dict]]:
+    """A GPU recording of the ``speculative`` suite as the chapter's tables: the invariance cost
+    (invariant / default decode step), the race on the shipped model (with transformers' peers),
+    and the presets' replays (speed-up over plain greedy decoding in the default mode)."""
+    rows = [r for r in doc["rows"] if "skipped" not in r]
+    inv = {}
+    for r in rows:
+        if r["kind"] == "invariance":
+            inv.setdefault((r["shape"], r["batch"]), {})[r["mode"]] = r["median_ms"]
+    cost = [{"model": m, "batch": b, "default ms": v["default"], "invariant ms": v["invariant"],
+             "x": v["invariant"] / v["default"]} for (m, b), v in inv.items() if len(v) == 2]
+    base = next((r["tok_s"] for r in rows if r["kind"] == "race" and r["drafter"] == "none"
+                 and r["mode"] == "default"), None)
+
+    def x(rate):  # over plain greedy decoding in the default mode
+        return rate / base if base else ""
+
+    race = [{"contestant": f"{r['drafter']}, k={r['k']}, {r['mode']}" if r["drafter"] != "none"
+             else f"plain, {r['mode']}", "tok/s": r["tok_s"], "x": x(r["tok_s"]),
+             "identical": r.get("identical_to_plain_greedy", "")} for r in rows if r["kind"] == "race"]
+    race += [{"contestant": f"transformers {r['contestant']}", "tok/s": r["tok_s"], "x": x(r["tok_s"]),
+              "identical": r["identical_to_its_plain_greedy"]} for r in rows if r["kind"] == "peer"]
+    replay = [{"model": r["shape"], "drafter": r["drafter"], "k": r["k"], "tok/s": r["tok_s"],
+               "x": r.get("speedup_vs_default_plain", 1.0 if r["mode"] == "default" else "")}
+              for r in rows if r["kind"] == "replay"]
+    return {"invariance": cost, "race": race, "replay": replay}

@@ -16,7 +16,8 @@ import dispatch  # noqa: F401  (before triton: the interpreter on a machine with
 
 NAMES = ("ch00_swiglu", "ch00_route", "ch01_offsets", "ch01_top1", "ch02_gather_rows", "ch02_tile",
          "ch02_combine", "ch03_gemv", "ch03_experts_touched", "ch04_send_plan", "ch04_home_rows",
-         "ch04_capacity", "ch05_aux_loss", "ch05_bias_update", "ch06_kv_cache", "ch06_bucket", "ch06_sampling")
+         "ch04_capacity", "ch05_aux_loss", "ch05_bias_update", "ch06_kv_cache", "ch06_bucket", "ch06_sampling",
+         "ch09_ngram", "ch09_accept")
 
 
 def load(name: str, *, solution: bool = False):

@@ -190,3 +190,33 @@ def test_replay_emits_the_recording_through_another_model(shipped):
     from dispatch.engine import Engine
 
     assert decode_cost(Engine(other, max_seq=96), [prompt])["median_ms"] > 0
+
+
+def test_acceptance_summary_by_hand():
+    from dispatch_book.spec_study import acceptance
+
+    acc = acceptance([[2, 0, 0, 5, 0, 0, 1, 0, 0, 0]], ks=[1, 2])
+    # k=1: kept 1+1+1 = 3; tried 3 kept + 7 refused = 10. k=2: kept 2+2+1 = 5; tried 5 + 8 refused = 13
+    assert acc[0]["alpha"] == pytest.approx(3 / 10) and acc[1]["alpha"] == pytest.approx(5 / 13)
+    assert acc[1]["tokens_per_step"] == pytest.approx(9 / 4)  # 0→3→4→7→9: 4 steps emit 9 tokens
+
+
+def test_gpu_summary_of_a_recording():
+    from dispatch_book.spec_study import gpu_summary
+
+    rows = [{"kind": "invariance", "shape": "olmoe", "batch": 1, "mode": m, "median_ms": v}
+            for m, v in (("default", 2.0), ("invariant", 2.2))]
+    rows += [{"kind": "race", "shape": "shipped", "mode": "default", "drafter": "none", "k": 0, "tok_s": 100.0},
+             {"kind": "race", "shape": "shipped", "mode": "invariant", "drafter": "lookup", "k": "4",
+              "tok_s": 190.0, "identical_to_plain_greedy": 12},
+             {"kind": "race", "shape": "shipped", "mode": "invariant", "drafter": "draft", "k": "2",
+              "skipped": "time budget spent"},
+             {"kind": "peer", "shape": "shipped", "contestant": "prompt_lookup_4", "tok_s": 120.0,
+              "identical_to_its_plain_greedy": 11},
+             {"kind": "replay", "shape": "mixtral-8x7b", "mode": "invariant", "drafter": "lookup", "k": "2",
+              "tok_s": 50.0, "speedup_vs_default_plain": 1.4}]
+    s = gpu_summary({"rows": rows})
+    assert s["invariance"] == [{"model": "olmoe", "batch": 1, "default ms": 2.0, "invariant ms": 2.2,
+                                "x": pytest.approx(1.1)}]
+    assert [r["x"] for r in s["race"]] == [1.0, 1.9, 1.2] and s["race"][1]["identical"] == 12
+    assert s["replay"] == [{"model": "mixtral-8x7b", "drafter": "lookup", "k": "2", "tok/s": 50.0, "x": 1.4}]

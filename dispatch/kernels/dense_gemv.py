@@ -135,13 +135,11 @@ def _gemv_step(acc, w_NK, x_row, offs_k, mask_m, K, DOT: tl.constexpr, PRECISION
 def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_b, s_ym,
                        HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
-    """Program p: columns n·BLOCK_N .. (n+1)·BLOCK_N of rows m·16 .. m·16+15 (n, m = divmod(p, m_tiles);
-    one row tile up to 16 rows), reducing over all of K. The first K step's W tile is loaded before
-    the PDL wait (weights are never written by an earlier kernel), x only after it."""
+    """Program p: y's column tile p // R, row tile p % R (R = cdiv(M, BLOCK_M): 1 but in batch-invariant mode),
+    over all of K. The first W tile is loaded before the PDL wait (no kernel writes weights), x after it."""
     BLOCK_M: tl.constexpr = 16 if DOT else 1
-    m_tiles = tl.cdiv(M, BLOCK_M)  # 1 up to 16 rows; more only in batch-invariant mode
-    offs_n = (tl.program_id(0) // m_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = (tl.program_id(0) % m_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tl.program_id(0) // tl.cdiv(M, BLOCK_M)) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = (tl.program_id(0) % tl.cdiv(M, BLOCK_M)) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_n, mask_m = offs_n < N, offs_m < M
     w_row = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn  # [BLOCK_N, 1]; K contiguous
     x_row = x_ptr + offs_m.to(tl.int64)[:, None] * s_xm  # [BLOCK_M, 1]

@@ -14,6 +14,7 @@ from dispatch_book.bench.speculative import (
     ReplayDrafter,
     build_preset,
     decode_cost,
+    hf_generate,
     run_each,
     step_costs,
     tokens_per_s,
@@ -205,30 +206,11 @@ def _preset(name, olmoe, prompts, conts, runs, add, left, extra) -> None:
 
 def _peers(ck, dr, prompts, add) -> None:
     """transformers' generate on the shipped model: plain, prompt lookup, assisted by the draft model."""
-    model = ck.model
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id
-    plain_out = {}
+    plain = None
     for name, kw in (("plain", {}), ("prompt_lookup_4", {"prompt_lookup_num_tokens": 4}),
-                     ("prompt_lookup_10", {"prompt_lookup_num_tokens": 10}), ("assistant_model", {"assistant_model":
-                                                                                                 dr.model})):
-        secs, tokens, same = 0.0, 0, 0
-        for i, p in enumerate(prompts):
-            ids = torch.tensor([p], device=model.device)
-            common = dict(do_sample=False, attention_mask=torch.ones_like(ids), **kw)
-            with torch.no_grad():
-                model.generate(ids, max_new_tokens=2, **common)  # warm-up
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                model.generate(ids, max_new_tokens=1, min_new_tokens=1, **common)
-                torch.cuda.synchronize()
-                t1 = time.perf_counter()
-                out = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, **common)[0, len(p):].tolist()
-                torch.cuda.synchronize()
-                t2 = time.perf_counter()
-            secs += (t2 - t1) - (t1 - t0)
-            tokens += len(out) - 1
-            if name == "plain":
-                plain_out[i] = out
-            same += out == plain_out[i]
-        add({"kind": "peer", "model": "shipped", "contestant": name, "tok_s": tokens / secs, "generated": tokens,
-             "seconds": secs, "identical_to_its_plain_greedy": same})
+                     ("prompt_lookup_10", {"prompt_lookup_num_tokens": 10}),
+                     ("assistant_model", {"assistant_model": dr.model})):
+        rate, outs = hf_generate(ck.model, prompts, NEW, **kw)
+        plain = outs if plain is None else plain
+        add({"kind": "peer", "model": "shipped", "contestant": name, "tok_s": rate,
+             "identical_to_its_plain_greedy": sum(a == b for a, b in zip(outs, plain, strict=True))})
