@@ -223,7 +223,8 @@ class SpeculativeEngine(Engine):
     def generate(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = GREEDY, *,
                  stop_tokens: tuple[int, ...] = ()) -> Generation:
         """All new tokens per row (up to and including a stop token), the timings, and in ``extra`` the
-        drafts each step kept per row (``accepted``) and the k of each step (``k``)."""
+        drafts each step kept per row (``accepted``) and the k of each step (``k``). ``decode_steps``
+        counts verify steps (each emits 1 to k+1 tokens a row): tokens/s is (tokens − 1) / ``decode_s``."""
         result = Generation([[] for _ in prompts])
         for new in self.stream(prompts, max_new_tokens, params, stop_tokens=stop_tokens, stats=result):
             for b, toks in enumerate(new):

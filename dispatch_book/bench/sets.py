@@ -50,7 +50,7 @@ EXTRA_MEASURES = {
     "speculative": ("dispatch/engine", "dispatch/kernels", "dispatch/serve", "dispatch_book/bench/speculative.py",
                     "dispatch_book/bench/spec_record.py"),
     "speculative_traces": ("dispatch/train.py", "dispatch/assets", "dispatch/serve", "dispatch_book/spec_study.py",
-                           "dispatch_book/bench/spec_record.py"),
+                           "dispatch_book/bench/spec_traces.py"),
 }
 
 

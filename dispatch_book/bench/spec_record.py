@@ -1,5 +1,5 @@
-"""The two recordings of the ``speculative`` suite (:mod:`dispatch_book.bench.speculative` says what
-each row means): the CPU traces, and the GPU rows, saved after every row."""
+"""The GPU recording of the ``speculative`` suite (:mod:`dispatch_book.bench.speculative` says what
+each row means), saved after every row; the CPU traces it replays: :mod:`dispatch_book.bench.spec_traces`."""
 from __future__ import annotations
 
 import time
@@ -22,38 +22,6 @@ from dispatch_book.bench.speculative import (
 )
 
 
-def record_traces(n_prompts: int):
-    """results/cpu/speculative_traces.json (see the suite's docstring)."""
-    from dispatch.engine import Engine, LeanModel
-    from dispatch.serve.drafters import DraftModel, PromptLookup
-    from dispatch.serve.speculative import SpeculativeEngine
-    from dispatch.train import load
-    from dispatch_book.spec_study import distinct_experts, draft_runs, held_out_prompts, lookup_runs
-
-    torch.set_num_threads(1)
-    ck, dr = load("cpu"), load("draft")
-    prompts = held_out_prompts(ck.tokenizer, n_prompts)
-    ids = [p["ids"] for p in prompts]
-    conts = Engine(ck.model, max_batch=len(ids), max_seq=128).generate(ids, NEW).tokens
-    draft = LeanModel.from_hf(dr.model)
-    rows = [{"file": p["file"], "offset": p["offset"], "prompt": p["ids"], "continuation": c,
-             "runs_lookup": lookup_runs(p["ids"], c, K_MAX), "runs_draft": draft_runs(draft, p["ids"], c, K_MAX)}
-            for p, c in zip(prompts, conts, strict=True)]
-    cpu_ms = {}
-    for name, drafter, ks in (("lookup", PromptLookup(), range(0, K_MAX + 1)),
-                              ("draft", DraftModel(dr.model), range(1, K_MAX + 1))):
-        spec = SpeculativeEngine(ck.model, drafter, k=K_MAX, max_seq=128)
-        cpu_ms[name] = {str(k): t["median_ms"] for k, t in step_costs(spec, ids[:1], ks).items()}
-    cpu_ms["plain"] = decode_cost(Engine(ck.model, max_seq=128), ids[:1])["median_ms"]
-    extra = {"k_max": K_MAX, "new_tokens": NEW, "lookup_n": [3, 1], "cpu_step_ms": cpu_ms,
-             "routing": distinct_experts(ck.model, [p + c for p, c in zip(ids, conts, strict=True)]),
-             "target": {"val_ppl": ck.log["final"]["val_ppl"], "params": ck.log["params"]},
-             "draft": {"val_ppl": dr.log["final"]["val_ppl"], "params": dr.log["params"]},
-             "manifest_hash": ck.log["manifest_hash"],
-             "note": "greedy continuations of the fp32 CPU model; runs[p]: drafts kept when token p is the last"}
-    return bench.save("speculative_traces", rows, extra=extra)
-
-
 def _best_fixed(runs: list[list[int]], costs: dict[int, float]) -> int:
     from dispatch.serve.spec_cost import simulate
 
@@ -74,8 +42,7 @@ def record_gpu(models: list[str], budget_s: float):
     prompts = [r["prompt"] for r in tr["rows"]]
     runs = {"lookup": [r["runs_lookup"] for r in tr["rows"]], "draft": [r["runs_draft"] for r in tr["rows"]]}
     conts = [r["continuation"] for r in tr["rows"]]
-    rows, extra = [], {"traces_commit": tr["git_commit"], "k_max": K_MAX, "new_tokens": NEW, "prompts": len(prompts),
-                       "presets_layers": {}}
+    rows, extra = [], {"traces_commit": tr["git_commit"], "k_max": K_MAX, "new_tokens": NEW, "prompts": len(prompts)}
 
     def add(row):
         row = {"shape": row.pop("model"), **row}  # the model: what a later run at other models keeps
@@ -103,7 +70,7 @@ def record_gpu(models: list[str], budget_s: float):
     if "shipped" in models:
         _shipped(ck, dr, prompts, runs, add, left)
     for name in (m for m in models if m != "shipped"):
-        _preset(name, olmoe, prompts, conts, runs, add, left, extra)
+        _preset(name, olmoe, prompts, conts, runs, add, left)
         olmoe = None
         torch.cuda.empty_cache()
     print("wrote", bench.save("speculative", rows, extra=extra, merge=True))
@@ -160,7 +127,7 @@ def _shipped(ck, dr, prompts, runs, add, left) -> None:
     _peers(ck, dr, prompts, add)
 
 
-def _preset(name, olmoe, prompts, conts, runs, add, left, extra) -> None:
+def _preset(name, olmoe, prompts, conts, runs, add, left) -> None:
     """A preset: verify cost per k, plain decoding in both modes, the recorded sequences replayed."""
     from dispatch.engine import Engine, LeanModel
     from dispatch.serve.drafters import DraftModel, PromptLookup
@@ -171,7 +138,11 @@ def _preset(name, olmoe, prompts, conts, runs, add, left, extra) -> None:
         add({"kind": "replay", "model": name, "skipped": "time budget spent"})
         return
     model = olmoe if olmoe is not None and name == "olmoe-1b-7b" else build_preset(name)
-    extra["presets_layers"][name] = [model.config.num_hidden_layers, FULL_LAYERS[name]]
+    layers = {"layers": model.config.num_hidden_layers, "of_layers": FULL_LAYERS[name]}  # on every row
+
+    def add_preset(row):
+        add({**row, **layers})
+
     lean = LeanModel.from_hf(model, batch_invariant=True)
     draft = DraftModel(build_preset(name, layers=1))  # a one-layer model of the preset's shape drafts
     pc = {}
@@ -179,15 +150,15 @@ def _preset(name, olmoe, prompts, conts, runs, add, left, extra) -> None:
         spec = SpeculativeEngine(lean, ReplayDrafter(prompts, conts, runs[dname], inner), k=K_MAX, max_seq=160)
         for k, t in step_costs(spec, prompts[:1], ks).items():
             pc[(dname, k)] = t["median_ms"]
-            add({"kind": "verify_cost", "model": name, "mode": "invariant", "drafter": dname, "batch": 1, "k": k,
-                 **t})
+            add_preset({"kind": "verify_cost", "model": name, "mode": "invariant", "drafter": dname, "batch": 1,
+                        "k": k, **t})
     base_p = {}
     for mode in ("default", "invariant"):
         rate, tokens, secs = tokens_per_s(run_each(Engine(LeanModel.from_hf(
             model, batch_invariant=mode == "invariant"), max_seq=160), prompts, NEW))
         base_p[mode] = rate
-        add({"kind": "replay", "model": name, "mode": mode, "drafter": "none", "k": 0, "tok_s": rate,
-             "generated": tokens, "seconds": secs})
+        add_preset({"kind": "replay", "model": name, "mode": mode, "drafter": "none", "k": 0, "tok_s": rate,
+                    "generated": tokens, "seconds": secs})
     for dname, inner in (("lookup", PromptLookup()), ("draft", draft)):
         cost = [pc.get((dname, j), pc[(dname, 1)]) for j in range(K_MAX + 1)]  # (a draft model has no k = 0)
         best = _best_fixed(runs[dname], {k: cost[k] for k in range(1, K_MAX + 1)})
@@ -197,11 +168,12 @@ def _preset(name, olmoe, prompts, conts, runs, add, left, extra) -> None:
             spec = SpeculativeEngine(lean, replay, k=K_MAX if ad else k, adaptive=ad, max_seq=160)
             outs = [spec.generate([p], NEW) for p in prompts[:1] + prompts]
             rate, tokens, secs = tokens_per_s(outs[1:])
-            add({"kind": "replay", "model": name, "mode": "invariant", "drafter": dname, "k": str(k),
-                 "tok_s": rate, "generated": tokens, "seconds": secs,
-                 "speedup_vs_default_plain": rate / base_p["default"],
-                 "speedup_vs_invariant_plain": rate / base_p["invariant"],
-                 "replayed": "drafts and acceptances from the CPU recording; verify, rollback and drafting ran"})
+            add_preset({"kind": "replay", "model": name, "mode": "invariant", "drafter": dname, "k": str(k),
+                        "tok_s": rate, "generated": tokens, "seconds": secs,
+                        "speedup_vs_default_plain": rate / base_p["default"],
+                        "speedup_vs_invariant_plain": rate / base_p["invariant"],
+                        "replayed": "drafts and acceptances from the CPU recording; verify, rollback and drafting "
+                                    "ran"})
 
 
 def _peers(ck, dr, prompts, add) -> None:

@@ -245,7 +245,7 @@ def main(argv=None) -> None:
     ap.add_argument("--budget-s", type=float, default=500.0)
     a = ap.parse_args(argv)
     if a.part == "traces":
-        from dispatch_book.bench.spec_record import record_traces
+        from dispatch_book.bench.spec_traces import record_traces
 
         print("wrote", record_traces(a.prompts))
         return

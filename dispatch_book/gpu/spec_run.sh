@@ -12,7 +12,7 @@ set -u
 TOTAL_DEFAULT=570  # seconds left() counts down from, unless TOTAL is set
 . "$(dirname "$0")/prelude.sh" "$@"
 if [ "${TESTS:-1}" = 1 ]; then  # TESTS=0: the tests ran in a call of their own
-    timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_invariant.py \
+    timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_invariant.py \
         tests/test_speculative.py > "$OUT/tests.log" 2>&1
     tail -6 "$OUT/tests.log"
 fi
