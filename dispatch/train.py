@@ -93,6 +93,10 @@ PRESETS = {
     "gpu": TrainConfig(vocab_size=8192, hidden_size=256, intermediate_size=128, num_layers=8, num_heads=8,
                        num_experts=64, top_k=8, seq_len=512, batch_size=32, steps=2000, lr=1e-3,
                        warmup=200, threads=8, eval_every=250, save_dtype="bfloat16"),
+    # the draft model of chapter 9: the cpu preset's data and tokenizer (one vocabulary), 2 of its 4 layers
+    # at half the width (0.4M parameters, 0.8 MB in bf16); shipped beside it (dispatch/assets/draft)
+    "draft": TrainConfig(hidden_size=64, intermediate_size=32, num_layers=2, num_heads=2, num_experts=8, top_k=2,
+                         steps=600),
     "micro": TrainConfig(vocab_size=300, hidden_size=32, intermediate_size=16, num_layers=1, num_heads=2,
                          num_experts=4, top_k=2, seq_len=16, batch_size=4, steps=3, warmup=1, log_every=1,
                          eval_every=2, eval_tokens=128, final_eval_tokens=256, save_dtype="float32"),

@@ -47,8 +47,8 @@ def test_every_exercise_has_wrong_solutions_and_every_chapter_exercises():
     per_exercise = {n: sum(exercise_of(w) == n for w in WRONG) for n in NAMES}
     assert min(per_exercise.values()) >= 2, {n: c for n, c in per_exercise.items() if c < 2}
     chapters = {int(n[2:4]) for n in NAMES}
-    per_chapter = {c: sum(int(n[2:4]) == c for n in NAMES) for c in range(9)}
-    assert set(range(9)) <= chapters and min(per_chapter.values()) >= 2, per_chapter
+    per_chapter = {c: sum(int(n[2:4]) == c for n in NAMES) for c in range(10)}
+    assert set(range(10)) <= chapters and min(per_chapter.values()) >= 2, per_chapter
 
 
 def test_every_exercise_has_a_stub_a_solution_and_a_chapter():

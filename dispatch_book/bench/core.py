@@ -48,6 +48,7 @@ SUITES = {
     "timeline": "dispatch_book.bench.timeline",
     "split": "dispatch_book.bench.split",
     "serve": "dispatch_book.bench.serve",
+    "speculative": "dispatch_book.bench.speculative",
     "evidence": "dispatch_book.bench.evidence",
     "all": "dispatch_book.bench.record",
 }

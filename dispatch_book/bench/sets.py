@@ -48,7 +48,8 @@ OPTIONAL = {
     "serve": ("dispatch/serve", "dispatch/engine", "dispatch/kernels", "dispatch_book/bench/serve.py",
               "dispatch_book/bench/serve_load.py", "dispatch_book/bench/serve_online.py",
               "dispatch_book/bench/serve_peers.py"),
-    "speculative": ("dispatch/serve", "dispatch/engine", "dispatch/kernels", "dispatch_book/bench/speculative.py"),
+    "speculative": ("dispatch/serve", "dispatch/engine", "dispatch/kernels", "dispatch_book/bench/speculative.py",
+                    "dispatch_book/bench/spec_record.py"),
 }
 # Recordings a chapter may read that are not part of a set: it names their GPU (`load(name, gpu=...)`);
 # book_gpu (every chapter on the GPU, both budgets) is recorded with a set, but no chapter needs it.
@@ -62,6 +63,8 @@ EXTRA_MEASURES = {
     "kernels_skewed": _RACE,
     "decode_skewed": (*_KERNELS, *_ROUTING, "dispatch_book/bench/decode.py"),
     "quant_skewed": (*_KERNELS, *_ROUTING, "dispatch/quant", "dispatch_book/bench/quant.py"),
+    "speculative_traces": ("dispatch/train.py", "dispatch/assets", "dispatch/serve", "dispatch_book/spec_study.py",
+                           "dispatch_book/bench/spec_traces.py"),
 }
 
 
