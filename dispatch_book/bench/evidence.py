@@ -25,7 +25,8 @@ _LOAD = re.compile(r"""\b(?:bench|results)\.load\(\s*["'](\w+)["']\s*(?:,\s*gpu\
 
 
 def _git(repo: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, errors="replace",
+                          timeout=60)
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,6 +67,9 @@ def _changed(commit: str, head: str, paths: tuple[str, ...], top: pathlib.Path) 
     diff = _git(top, "diff", "--name-only", commit, head, "--", *paths).stdout.split()
     out = []
     for f in diff:
+        if not f.endswith((".py", ".ipynb")):  # data, weights, tables: any change counts
+            out.append(f)
+            continue
         old, new = _git(top, "show", f"{commit}:{f}"), _git(top, "show", f"{head}:{f}")
         if old.returncode == 0 and new.returncode == 0 and _same_code(f, old.stdout, new.stdout):
             continue
