@@ -85,6 +85,36 @@ def expected_unique_experts(num_experts: int, top_k: int, tokens: int) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
+def expected_unique_experts_skewed(inclusion_E: torch.Tensor, tokens: int) -> float:
+    """Expected distinct experts T independent tokens touch when a token chooses expert e with
+    probability ``inclusion_E[e]`` (its share of tokens; the E values sum to K): Σ_e 1 − (1 − p_e)^T.
+    Uniform routing (p_e = K/E) gives :func:`expected_unique_experts`; skew gives fewer."""
+    p = torch.as_tensor(inclusion_E, dtype=torch.float64)
+    if p.dim() != 1 or bool(((p < 0) | (p > 1)).any()):
+        raise ValueError(f"inclusion_E must be a [E] vector of probabilities, got {tuple(p.shape)}")
+    return float((1.0 - (1.0 - p) ** tokens).sum())
+
+
+def expert_parallel_exchange(cfg: MoEConfig, ranks: int, tokens: int, itemsize: int = 2) -> dict[str, float]:
+    """Expected bytes one rank sends per MoE layer under expert parallelism (chapter 4), uniform routing
+    over a contiguous placement of E / R experts a rank, T = ``tokens`` per rank:
+
+    * ``pairs``: every (token, expert) row whose expert lives elsewhere, T·K·(R−1)/R rows of H;
+    * ``dispatch``: each token once per other rank holding one of its experts — a rank misses all K of
+      a token's experts with probability C(E − E/R, K) / C(E, K) — so T·(R−1)·(1 − that) rows of H;
+    * ``combine``: the rows computed elsewhere coming home, T·K·(R−1)/R rows of H.
+    """
+    import math
+
+    E, K, R = cfg.num_experts, cfg.top_k, ranks
+    if R < 1 or E % R:
+        raise ValueError(f"ranks must divide the {E} experts, got {ranks}")
+    miss = math.comb(E - E // R, K) / math.comb(E, K)
+    row = cfg.hidden_size * itemsize
+    remote = tokens * K * (R - 1) / R
+    return {"pairs": remote * row, "dispatch": tokens * (R - 1) * (1 - miss) * row, "combine": remote * row}
+
+
 def unique_experts(ids_TK: torch.Tensor) -> int:
     """Exact number of distinct experts a given routing ids_TK [T, K] touches."""
     return int(torch.unique(ids_TK).numel())

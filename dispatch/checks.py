@@ -34,6 +34,9 @@ def check_launch(what: str, t: torch.Tensor, *, widens_bf16: bool = False) -> No
     if not runtime.triton_ok(t):
         raise ValueError(f"{what} needs a CUDA tensor, or a CPU tensor under Triton's interpreter "
                          f"(TRITON_INTERPRET=1); got {t.device} with interpreter={runtime.INTERPRET}")
+    if t.is_floating_point() and t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{what} computes in float32, float16 or bfloat16 (the Triton kernels); got {t.dtype}: "
+                         "cast the input and weights, or use the plain-PyTorch path (path='torch')")
     if t.device.type == "cpu" and t.dtype == torch.bfloat16 and not widens_bf16:
         raise ValueError(f"{what} cannot compute bfloat16 under Triton's CPU interpreter (it mis-loads bf16): "
                          "use float32 or float16 on CPU, or the plain-PyTorch path")

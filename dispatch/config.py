@@ -59,8 +59,10 @@ class MoEConfig:
         activations.get(self.activation)  # an unknown activation: a ValueError naming the known ones
         family = families.get(self.scoring)  # an unknown scoring: a ValueError naming the families
         if self.correction_bias and not family.correction_bias:
-            raise ValueError(f"MoEConfig.correction_bias (a selection bias) is not read by scoring={self.scoring!r}; "
-                             f"families with one: {[f.name for f in families.FAMILIES.values() if f.correction_bias]}")
+            have = [f.name for f in families.FAMILIES.values() if f.correction_bias]
+            need = f"scoring={have[0]!r}" if len(have) == 1 else f"scoring in {have}"
+            raise ValueError(f"MoEConfig.correction_bias (a selection bias) is not read by scoring={self.scoring!r}: "
+                             f"it needs {need}")
         if self.n_group > 1 and not family.groups:
             raise ValueError(f"MoEConfig.n_group={self.n_group} (group-limited selection) is not read by "
                              f"scoring={self.scoring!r}; families with groups: "
@@ -121,6 +123,12 @@ PRESETS: dict[str, MoEConfig] = {
 }
 
 
+def _kind(obj) -> str:
+    """``numpy.ndarray``, ``list``: what a value is, for messages."""
+    t = type(obj)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
+
+
 @dataclass
 class MoEWeights:
     """The tensors of one layer, in transformers 5's fused layout.
@@ -159,6 +167,10 @@ class MoEWeights:
         if cfg.shared_gate:
             want["shared_gate_1H"] = (1, H)
         have = self.tensors()
+        for name, t in have.items():
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"MoEWeights.{name} must be a torch.Tensor, got {_kind(t)} "
+                                 "(torch.as_tensor converts a numpy array)")
         for name, shape in want.items():
             if name not in have:
                 raise ValueError(f"MoEWeights.{name} of shape {shape} is required by this config, got None")
@@ -182,6 +194,8 @@ def random_weights(cfg: MoEConfig, *, seed: int = 0, dtype=torch.float32, device
     Drawn by ``device``'s own generator (a GPU draws Mixtral's gigabytes without the host); the
     same seed gives the same weights on every CPU, and on every GPU of one torch version.
     """
+    if not isinstance(cfg, MoEConfig):
+        raise ValueError(f"cfg must be a dispatch.MoEConfig (e.g. PRESETS['tiny']), got {type(cfg).__name__}")
     g = torch.Generator(device=device).manual_seed(seed)
     H, I, E, S = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.shared_intermediate_size
 

@@ -21,10 +21,13 @@ import math
 import os
 import pathlib
 import platform
+import re
 import sysconfig
+import warnings
 
 import torch
 
+MAX_RUN = 1000  # longest run of non-space (or space) characters BPE trains on as one piece
 VAL_EVERY = 10  # file i (sorted order) is validation when i % VAL_EVERY == VAL_EVERY - 1
 SPECIAL = "<|endoftext|>"  # separates files; id 0
 
@@ -41,6 +44,8 @@ def manifest(root: pathlib.Path | None = None) -> dict:
     "hash": sha256 of the file list}``. ``root`` defaults to :func:`stdlib_dir`.
     """
     root = pathlib.Path(root) if root is not None else stdlib_dir()
+    if not root.is_dir():
+        raise FileNotFoundError(f"no folder at {root} (the corpus is the *.py files of one folder)")
     paths = sorted(p for p in root.glob("*.py") if p.is_file())
     if not paths:
         raise ValueError(f"no *.py files under {root}: is this a Python install with its sources?")
@@ -70,18 +75,41 @@ def cache_dir() -> pathlib.Path:
     return d
 
 
+def _bounded(texts):
+    """The texts with every run of more than MAX_RUN non-space (or space) characters cut into pieces
+    of MAX_RUN, each its own item: BPE training time grows with the square of a word's length (one
+    minified line or data blob of a million characters would take many minutes). The standard
+    library has no such run, so its tokenizer is the same as without the cut."""
+    long = re.compile(r"\S{%d,}|\s{%d,}" % (MAX_RUN + 1, MAX_RUN + 1))
+    for t in texts:
+        pos = 0
+        for m in long.finditer(t):
+            yield t[pos:m.start()]
+            yield from (t[i:min(i + MAX_RUN, m.end())] for i in range(m.start(), m.end(), MAX_RUN))
+            pos = m.end()
+        yield t[pos:]
+
+
 def train_tokenizer(vocab_size: int = 4096, root: pathlib.Path | None = None):
-    """A byte-level BPE ``tokenizers.Tokenizer`` trained on the train files (deterministic)."""
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on the train files (deterministic).
+    ValueError if they hold no text; a warning if they are too small for ``vocab_size`` tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < 300:
-        raise ValueError(f"vocab_size must be >= 300 (256 bytes + merges), got {vocab_size}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 300:
+        raise ValueError(f"vocab_size must be an int >= 300 (256 bytes + merges), got {vocab_size!r}")
+    texts = split_texts("train", root)
+    if not any(t.strip() for t in texts):
+        raise ValueError(f"the train split under {root or stdlib_dir()} holds no text ({len(texts)} files, "
+                         "all empty): nothing to train a tokenizer on")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[SPECIAL], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(split_texts("train", root), trainer=trainer)
+    tok.train_from_iterator(_bounded(texts), trainer=trainer)
+    if tok.get_vocab_size() < vocab_size:
+        warnings.warn(f"the train split under {root or stdlib_dir()} yields only {tok.get_vocab_size()} tokens "
+                      f"of the {vocab_size} asked for (too little distinct text)", stacklevel=2)
     return tok
 
 
@@ -92,10 +120,11 @@ def tokenizer(vocab_size: int = 4096, root: pathlib.Path | None = None, rebuild:
     path = cache_dir() / f"bpe-{manifest(root)['hash']}-{vocab_size}.json"
     if path.exists() and not rebuild:
         return Tokenizer.from_file(str(path))
+    from dispatch import files
+
     tok = train_tokenizer(vocab_size, root)
-    tmp = path.with_suffix(".tmp")
-    tok.save(str(tmp))
-    tmp.replace(path)  # atomic: a half-written cache file is never read
+    with files.replacing(path) as tmp:  # whole or not at all: a half-written cache file is never read
+        tok.save(str(tmp))
     return tok
 
 
@@ -148,15 +177,43 @@ def unigram_perplexity(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_siz
 
     The baseline a language model must beat: it knows how common each token is, nothing of context.
     """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
+        _check_ids(name, ids, vocab_size)
+    if not val_ids.numel():
+        raise ValueError("val_ids is empty: no token to measure the perplexity on")
     counts_V = torch.bincount(train_ids, minlength=vocab_size).double() + 1.0
     logp_V = counts_V.log() - counts_V.sum().log()
     return math.exp(-logp_V[val_ids].mean().item())
 
 
+def _check_ids(name: str, ids, vocab_size: int | None = None) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be a 1-D integer tensor of token ids, got "
+                         f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
+    if vocab_size is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got ids from {int(ids.min())} "
+                         f"to {int(ids.max())}")
+
+
+def _check_sizes(**sizes) -> None:
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
 def batches(ids: torch.Tensor, seq_len: int, batch_size: int, *, seed: int) -> "iter[torch.Tensor]":
-    """Endless random windows [batch_size, seq_len + 1] of ``ids`` (seeded, reproducible)."""
+    """Endless random windows [batch_size, seq_len + 1] of ``ids`` (seeded, reproducible); the sizes
+    are checked here, when called, not at the first batch."""
+    _check_ids("ids", ids)
+    _check_sizes(seq_len=seq_len, batch_size=batch_size)
     if ids.numel() <= seq_len + 1:
         raise ValueError(f"need more than seq_len + 1 = {seq_len + 1} tokens, got {ids.numel()}")
+    return _batches(ids, seq_len, batch_size, seed)
+
+
+def _batches(ids: torch.Tensor, seq_len: int, batch_size: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     offs_1L = torch.arange(seq_len + 1)
     while True:
@@ -169,6 +226,8 @@ def windows(ids: torch.Tensor, seq_len: int, max_tokens: int) -> torch.Tensor:
     (so a bounded evaluation still samples every file); within a window every token but the
     first is predicted once. With room for only n windows, they are consecutive.
     """
+    _check_ids("ids", ids)
+    _check_sizes(seq_len=seq_len, max_tokens=max_tokens)
     n_all = (ids.numel() - 1) // seq_len
     n = min(max_tokens // seq_len, n_all)
     if n < 1:

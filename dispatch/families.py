@@ -108,14 +108,17 @@ def topk_softmax_reference(logits_TE: torch.Tensor, cfg, bias_E=None):
 
 # ---- transformers ----
 
-def _softmax_family(c, E: str, I: str, **extra) -> dict:  # noqa: E741
-    return dict(hidden_size=c.hidden_size, intermediate_size=getattr(c, I), num_experts=getattr(c, E),
-                top_k=c.num_experts_per_tok, **extra)
+def _softmax_family(c, E: str, I: str, renorm: str | None) -> dict:  # noqa: E741
+    """The sizes every softmax model names alike (read first: a config without them is named by them),
+    then ``renorm``: the attribute holding norm_topk_prob (None: always renormalised)."""
+    out = dict(hidden_size=c.hidden_size, intermediate_size=getattr(c, I), num_experts=getattr(c, E),
+               top_k=c.num_experts_per_tok)
+    return {**out, "norm_topk_prob": True if renorm is None else bool(getattr(c, renorm))}
 
 
 def _qwen2_moe(c) -> dict:
-    return _softmax_family(c, "num_experts", "moe_intermediate_size", norm_topk_prob=bool(c.norm_topk_prob),
-                           shared_intermediate_size=c.shared_expert_intermediate_size, shared_gate=True)
+    return {**_softmax_family(c, "num_experts", "moe_intermediate_size", "norm_topk_prob"),
+            "shared_intermediate_size": c.shared_expert_intermediate_size, "shared_gate": True}
 
 
 def _deepseek_v3(c) -> dict:
@@ -140,12 +143,12 @@ def _cohere2_moe(c) -> dict:
 FAMILIES: dict[str, RoutingFamily] = {f.name: f for f in (
     RoutingFamily("softmax", 0, softmax_reference, fast_paths=frozenset({"router_gemv", "fused_router"}), hf={
         "olmoe": HFMapping("OlmoeSparseMoeBlock", lambda c: _softmax_family(
-            c, "num_experts", "intermediate_size", norm_topk_prob=bool(c.norm_topk_prob))),
+            c, "num_experts", "intermediate_size", "norm_topk_prob")),
         "mixtral": HFMapping("MixtralSparseMoeBlock", lambda c: _softmax_family(  # its router always renormalises
-            c, "num_local_experts", "intermediate_size", norm_topk_prob=True)),
+            c, "num_local_experts", "intermediate_size", None)),
         "qwen2_moe": HFMapping("Qwen2MoeSparseMoeBlock", _qwen2_moe),
         "qwen3_moe": HFMapping("Qwen3MoeSparseMoeBlock", lambda c: _softmax_family(
-            c, "num_experts", "moe_intermediate_size", norm_topk_prob=bool(c.norm_topk_prob)))}),
+            c, "num_experts", "moe_intermediate_size", "norm_topk_prob"))}),
     RoutingFamily("sigmoid", 1, sigmoid_reference, fp32_logits=True, correction_bias=True, groups=True, hf={
         "deepseek_v3": HFMapping("DeepseekV3MoE", _deepseek_v3)}),
     RoutingFamily("topk_softmax", 2, topk_softmax_reference, renorm=False,

@@ -18,6 +18,7 @@ concatenated into ``shared_gate_up_2SH`` (a copy).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Iterator
 
 import torch
@@ -62,11 +63,25 @@ def hub_config(name: str, source: str = "auto"):
 
 
 def config_from_hf(hf_config) -> MoEConfig:
-    """The :class:`MoEConfig` of one MoE layer of a transformers model config."""
+    """The :class:`MoEConfig` of one MoE layer of a transformers model config (``model.config``, or
+    the dict of a config.json)."""
+    if isinstance(hf_config, MoEConfig):
+        raise ValueError("expected a transformers config (model.config), got a dispatch.MoEConfig: with one, "
+                         "build the layer as MoELayer(cfg, weights_from_hf(block, cfg))")
+    if isinstance(hf_config, dict):
+        hf_config = SimpleNamespace(**hf_config)
     kind = getattr(hf_config, "model_type", None)
-    _, mapping = families.for_model_type(kind)  # an unsupported type: a ValueError naming the supported ones
+    if kind not in SUPPORTED:
+        what = "no model_type" if kind is None else f"model_type {kind!r}"
+        raise ValueError(f"model_type must be one of {SUPPORTED}: expected a transformers config of one, got "
+                         f"{type(hf_config).__name__} with {what}")
+    _, mapping = families.for_model_type(kind)
     act = activations.from_hf(getattr(hf_config, "hidden_act", "silu"))  # SwiGLU or GeGLU, else a ValueError
-    return MoEConfig(**mapping.config(hf_config), family=kind, activation=act.name)
+    try:
+        return MoEConfig(**mapping.config(hf_config), family=kind, activation=act.name)
+    except AttributeError as e:
+        raise ValueError(f"the {kind} config has no {e.name!r} (expected a whole transformers config: model.config, "
+                         "AutoConfig.from_pretrained(...), or the dict of its config.json)") from None
 
 
 def _mlp_gate_up_down(mlp) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,16 +111,39 @@ def _check_block_matches(block, cfg: MoEConfig) -> None:
                          f"{'has' if hasattr(block, 'shared_expert_gate') else 'has no'} shared_expert_gate")
 
 
+def _experts_layout(experts, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up_E2IH, down_EHI) of a fused experts module, read by the layout transformers records on
+    it: ``is_transposed`` experts store [E, H, 2I] and [E, I, H] (shapes alone cannot tell when 2I = H:
+    the weights would be read transposed and the output silently wrong), so they are transposed
+    back; interleaved gate/up, biases or gate-less experts are refused. The module's own sizes
+    (``hidden_dim``, ``intermediate_dim``) must be the config's."""
+    name = type(experts).__name__
+    for attr, ok, why in (("is_concatenated", True, "gate and up interleaved row by row"),
+                          ("has_bias", False, "expert biases"), ("has_gate", True, "experts without a gate")):
+        if getattr(experts, attr, ok) != ok:
+            raise ValueError(f"{name} has {attr}={not ok} ({why}): the reference experts are bias-free "
+                             "SwiGLU with gate and up stacked")
+    for attr, want in (("hidden_dim", cfg.H), ("intermediate_dim", cfg.I)):
+        have = getattr(experts, attr, None)
+        if isinstance(have, int) and have != want:
+            raise ValueError(f"{name}.{attr} is {have} but the config says {want}")
+    gu, dn = experts.gate_up_proj.detach(), experts.down_proj.detach()
+    if getattr(experts, "is_transposed", False) is True:
+        gu, dn = gu.transpose(1, 2), dn.transpose(1, 2)
+    return gu, dn
+
+
 def weights_from_hf(block, cfg: MoEConfig) -> MoEWeights:
     """The :class:`MoEWeights` of a transformers sparse MoE block (see the table above), validated:
-    a block of another family, or whose router or tensors disagree with ``cfg``, is a ValueError."""
+    a block of another family, or whose router or tensors disagree with ``cfg``, is a ValueError.
+    Transposed expert storage (``experts.is_transposed``) is read as such."""
     experts, gate = getattr(block, "experts", None), getattr(block, "gate", None)
     if experts is None or gate is None or not hasattr(experts, "gate_up_proj"):
         raise ValueError(f"expected a transformers 5 sparse MoE block with .gate and fused .experts, "
                          f"got {type(block).__name__}")
     _check_block_matches(block, cfg)
-    w = MoEWeights(router_EH=gate.weight.detach(), gate_up_E2IH=experts.gate_up_proj.detach(),
-                   down_EHI=experts.down_proj.detach())
+    gate_up_E2IH, down_EHI = _experts_layout(experts, cfg)
+    w = MoEWeights(router_EH=gate.weight.detach(), gate_up_E2IH=gate_up_E2IH, down_EHI=down_EHI)
     if cfg.correction_bias:
         w.bias_E = gate.e_score_correction_bias.detach()
     if cfg.shared_intermediate_size:

@@ -31,7 +31,7 @@ from torch import nn
 
 from dispatch import families
 from dispatch.checks import check_launch
-from dispatch.config import MoEConfig, MoEWeights
+from dispatch.config import MoEConfig, MoEWeights, _kind
 from dispatch.hf import config_from_hf, weights_from_hf
 from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
 from dispatch.kernels.gemv import moe_decode
@@ -90,8 +90,13 @@ def shared_rides_along(cfg: MoEConfig) -> int:
 
 def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, check_ids: bool) -> torch.Tensor:
     """The layer on validated weights: x [T, H] or [B, S, H] → the same shape."""
-    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
-        raise ValueError(f"x must be a tensor [T, H] or [B, S, H], got {tuple(getattr(x, 'shape', ())) or type(x)}")
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor [T, H] or [B, S, H], got {_kind(x)}")
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x must be a tensor [T, H] or [B, S, H], got shape {tuple(x.shape)}")
+    if x.shape[-1] != cfg.hidden_size:  # named in the caller's shape, not the flattened one
+        raise ValueError(f"x must have shape [T, H={cfg.hidden_size}] or [B, S, H={cfg.hidden_size}], "
+                         f"got {tuple(x.shape)}")
     x_TH = x.reshape(-1, x.shape[-1]) if x.dim() == 3 else x
     check_input(x_TH, cfg)
     if x_TH.device != w.router_EH.device or x_TH.dtype != w.gate_up_E2IH.dtype:

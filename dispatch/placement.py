@@ -48,6 +48,9 @@ class Placement:
     @classmethod
     def contiguous(cls, num_experts: int, num_ranks: int) -> "Placement":
         """Rank r holds a contiguous block of experts, blind to load; block sizes differ by at most one."""
+        for name, v in (("num_experts", num_experts), ("num_ranks", num_ranks)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"contiguous placement needs a positive int {name}, got {v!r}")
         if num_ranks > num_experts:
             raise ValueError(f"contiguous placement needs num_ranks ({num_ranks}) <= num_experts ({num_experts})")
         base, extra = divmod(num_experts, num_ranks)

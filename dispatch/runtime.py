@@ -9,12 +9,20 @@ shared memory) are read once per device and cached.
 
 Dtypes: bf16 on sm_80+; fp16 below sm_80 (a T4 is sm_75: Triton's bf16 fails there although
 ``torch.cuda.is_bf16_supported()`` says True); fp32 on CPU (the interpreter mis-loads bf16).
+
+Threads: Triton's interpreter keeps one global state per process (the grid of the launch in flight,
+``triton.language`` patched for it), so two threads launching at once corrupt each other (wrong
+values, errors, crashes). Under the interpreter every launch therefore holds one lock
+(:func:`serial_interpreter`, put around ``InterpretedFunction.run`` here, once); so does a launcher
+whose scratch memory is shared between its calls (the one-launch decode kernels' counters). Compiled
+kernels on a GPU take no lock: concurrent callers are safe on separate streams.
 """
 from __future__ import annotations
 
 import functools
 import os
 import platform
+import threading
 
 import torch
 
@@ -48,15 +56,102 @@ def _interpreter_scalar_loops() -> None:
     interpreter._patch_lang_tensor = patch
 
 
+def _interpreter_patches_once() -> None:
+    """Triton's interpreter re-patches ``triton.language`` (every builtin, found with
+    ``inspect.getmembers``) at *each call of a device function* inside a kernel, although the
+    kernel's launch has patched the same modules already and restores them only when it ends: half
+    of a decode launch's time on CPU goes there. Inside a launch we skip a device function's patch
+    when the modules it sees (``tl``, ``tl.core``) are already patched by that launch; the launch's
+    own patch and restore are untouched, so every kernel computes what it computed before (same
+    bits), about twice as fast. Left alone if the interpreter's internals are not the ones expected."""
+    import inspect
+    import threading
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    patch_lang = getattr(interpreter, "_patch_lang", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if (patch_lang is None or executor is None or scope_type is None or getattr(patch_lang, "once", False)
+            or list(inspect.signature(patch_lang).parameters) != ["fn"]):
+        return
+    launch_call = executor.__call__
+    state = threading.local()  # per thread: the modules the running launch has patched (None: none yet)
+
+    def modules(fn) -> frozenset:
+        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
+    def once(fn):
+        patched = getattr(state, "patched", None)
+        if patched is not None and modules(fn) <= patched:
+            return scope_type()  # nothing to restore: the launch's patch is in place
+        scope = patch_lang(fn)
+        if getattr(state, "depth", 0):
+            state.patched = (patched or frozenset()) | modules(fn)
+        return scope
+
+    def call(self, *args, **kwargs):
+        outer = getattr(state, "patched", None)
+        state.patched, state.depth = None, getattr(state, "depth", 0) + 1
+        try:
+            return launch_call(self, *args, **kwargs)
+        finally:
+            state.depth -= 1
+            state.patched = outer
+
+    once.once = True
+    interpreter._patch_lang = once
+    executor.__call__ = call
+
+
+_INTERPRETER_LOCK = threading.RLock()  # re-entrant: a locked launcher launches locked kernels
+
+
+def serial_interpreter(fn):
+    """``fn`` run holding the interpreter's one lock when kernels are interpreted (else ``fn`` itself):
+    for every interpreted launch, and for launchers that share scratch memory between calls."""
+    if not INTERPRET:
+        return fn
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with _INTERPRETER_LOCK:
+            return fn(*args, **kwargs)
+    locked.serial_interpreter = True
+    return locked
+
+
+def _interpreter_one_launch_at_a_time() -> None:
+    """Every interpreted launch (``kernel[grid](...)``, under ``triton.heuristics`` too) goes through
+    ``InterpretedFunction.run``: it holds the lock from here on."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    run = interpreter.InterpretedFunction.run
+    if not getattr(run, "serial_interpreter", False):
+        interpreter.InterpretedFunction.run = serial_interpreter(run)
+
+
 if INTERPRET:
     _interpreter_scalar_loops()
+    _interpreter_patches_once()
+    _interpreter_one_launch_at_a_time()
 
 
 def device(name: str = "auto") -> torch.device:
     """'auto' → cuda if present else cpu; 'cpu' / 'cuda' / 'cuda:1' as given (checked)."""
     if name == "auto":
         return torch.device("cuda" if HAS_CUDA else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {name!r}")
     if dev.type == "cuda" and not HAS_CUDA:
         raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU; use 'cpu' or 'auto'")
     if dev.type not in ("cpu", "cuda"):

@@ -8,7 +8,10 @@ evaluation live in :mod:`dispatch.routertap` (``RouterTap``, ``evaluate``), whic
     python -m dispatch.train --preset gpu --out DIR         # on a CUDA machine (the device is picked automatically)
 
 A checkpoint folder is written atomically (into a temporary folder beside it, then renamed) and
-carries ``hashes.json`` (SHA-256 of every file), which ``load`` verifies.
+carries ``hashes.json`` (SHA-256 of every file), which ``load`` verifies. ``--out`` refuses a path
+that holds anything but a checkpoint the package wrote (``--force`` replaces it). A loss, a gradient
+or a coefficient that is not finite stops training with an error, before any weight takes it:
+nothing is saved, so the checkpoint already at ``--out`` stays.
 """
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ import dataclasses
 import importlib.resources
 import json
 import math
-import os
 import pathlib
 import shutil
 import sys
@@ -69,8 +71,19 @@ class TrainConfig:
     def __post_init__(self):
         if self.balance not in ("none", "aux", "bias"):
             raise ValueError(f"balance must be 'none', 'aux' or 'bias', got {self.balance!r}")
-        if self.top_k > self.num_experts or min(self.steps, self.batch_size, self.seq_len) < 1:
-            raise ValueError("need top_k <= num_experts and positive steps, batch_size, seq_len")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"TrainConfig.top_k={self.top_k} must be <= num_experts={self.num_experts}")
+        for name in ("steps", "batch_size", "seq_len", "warmup", "threads", "log_every", "eval_every",
+                     "eval_tokens", "final_eval_tokens", "vocab_size", "num_layers", "num_heads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
+        for name in ("lr", "aux_coef", "z_coef", "bias_rate", "weight_decay"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (name == "lr" and v == 0):
+                raise ValueError(f"TrainConfig.{name} must be a finite number >= 0{' (> 0)' if name == 'lr' else ''}, "
+                                 f"got {v!r}")
 
 
 PRESETS = {
@@ -80,6 +93,10 @@ PRESETS = {
     "gpu": TrainConfig(vocab_size=8192, hidden_size=256, intermediate_size=128, num_layers=8, num_heads=8,
                        num_experts=64, top_k=8, seq_len=512, batch_size=32, steps=2000, lr=1e-3,
                        warmup=200, threads=8, eval_every=250, save_dtype="bfloat16"),
+    # the draft model of chapter 9: the cpu preset's data and tokenizer (one vocabulary), 2 of its 4 layers
+    # at half the width (0.4M parameters, 0.8 MB in bf16); shipped beside it (dispatch/assets/draft)
+    "draft": TrainConfig(hidden_size=64, intermediate_size=32, num_layers=2, num_heads=2, num_experts=8, top_k=2,
+                         steps=600),
     "micro": TrainConfig(vocab_size=300, hidden_size=32, intermediate_size=16, num_layers=1, num_heads=2,
                          num_experts=4, top_k=2, seq_len=16, batch_size=4, steps=3, warmup=1, log_every=1,
                          eval_every=2, eval_tokens=128, final_eval_tokens=256, save_dtype="float32"),
@@ -103,6 +120,18 @@ def build_model(cfg: TrainConfig):
 def _imbalance(counts_LE: torch.Tensor) -> tuple[float, float]:
     stats = [balance.load_stats(c) for c in counts_LE]
     return (sum(s["max_over_mean"] for s in stats) / len(stats), sum(s["cv"] for s in stats) / len(stats))
+
+
+def _check_finite(step: int, loss: torch.Tensor, norm: torch.Tensor, ce: float) -> None:
+    """FloatingPointError naming the step and the culprit if the loss or the gradient is not finite."""
+    total, grad = torch.stack([loss.detach().float(), norm.detach().float().to(loss.device)]).tolist()
+    if math.isfinite(total) and math.isfinite(grad):
+        return
+    what = (f"the cross-entropy is {ce}" if not math.isfinite(ce) else
+            f"the balancing terms made the loss {total} (cross-entropy {ce:.4f})" if not math.isfinite(total) else
+            f"the gradient norm is {grad} (loss {total:.4f})")
+    raise FloatingPointError(f"training stopped at step {step}: {what}; the weights were not updated and "
+                             "nothing was saved (lower the learning rate or the coefficients)")
 
 
 def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, progress: bool = True):
@@ -135,7 +164,8 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
             loss = loss + cfg.z_coef * sum(balance.z_loss(lg) for lg in tap.logits_L) / L
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        _check_finite(step, loss, norm, ce)  # before the step: no weight takes a NaN
         opt.step()
         sched.step()
         if bias_LE is not None:
@@ -160,15 +190,22 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
     return model, bias_LE, log
 
 
-def save(model, bias_LE, log: dict, tokenizer, out_dir: pathlib.Path, manifest: dict) -> pathlib.Path:
+def save(model, bias_LE, log: dict, tokenizer, out_dir: pathlib.Path, manifest: dict, *,
+         force: bool = False) -> pathlib.Path:
     """Checkpoint folder: model.safetensors + config.json (save_pretrained), tokenizer files,
     ``router_bias.safetensors`` (bias mode), ``train_log.json`` (curves, provenance), manifest.json,
     and ``hashes.json``. Written into a temporary folder beside ``out_dir``, then renamed over it: an
-    existing checkpoint is replaced whole or not at all."""
+    existing checkpoint is replaced whole or not at all. Anything else at ``out_dir`` (a file, a
+    folder that is not our checkpoint) is a FileExistsError unless ``force``; a weight that is not
+    finite is a ValueError (nothing written)."""
     from safetensors.torch import save_file
     from transformers import PreTrainedTokenizerFast
 
     out_dir = pathlib.Path(out_dir)
+    checkpoint.check_replaceable(out_dir, force)
+    for name, t in [*model.state_dict().items(), *([("router bias", bias_LE)] if bias_LE is not None else [])]:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"refusing to save a checkpoint whose {name} holds inf or NaN")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     try:
@@ -188,24 +225,6 @@ def save(model, bias_LE, log: dict, tokenizer, out_dir: pathlib.Path, manifest: 
     return out_dir
 
 
-def _resolve(source) -> tuple[str, bool]:
-    """``(what to load, is it a local folder)``; FileNotFoundError at once for a local path that does
-    not exist (a hub id is exactly ``owner/name``; paths and Path objects are never sent to the hub)."""
-    if isinstance(source, str) and (ASSETS / source).is_dir():
-        return str(ASSETS / source), True
-    if isinstance(source, str) and source in PRESETS:
-        raise FileNotFoundError(f"preset {source!r} has no committed checkpoint; train one with "
-                                f"`python -m dispatch.train --preset {source} --out DIR` and load DIR")
-    path = pathlib.Path(source).expanduser()
-    if path.is_dir():
-        return str(path), True
-    text = str(source)
-    hub_like = not isinstance(source, os.PathLike) and text.count("/") == 1 and not text.startswith((".", "~", "/"))
-    if not hub_like:
-        raise FileNotFoundError(f"no checkpoint folder at {path} (a local path; hub ids look like owner/name)")
-    return text, False
-
-
 @dataclass(frozen=True)
 class Loaded:
     model: object
@@ -214,20 +233,21 @@ class Loaded:
     log: dict | None  # train_log.json of our checkpoints; None for hub models
 
 
-def load(source: str | pathlib.Path, device: str = "auto", dtype: str = "auto") -> Loaded:
+def load(source: str | pathlib.Path, device: str = "auto", dtype: str = "auto", *, strict: bool = False) -> Loaded:
     """One loader for our checkpoints and hub models (``allenai/OLMoE-1B-7B-0924``).
 
     ``source``: a preset name with a committed checkpoint ("cpu" → dispatch/assets/cpu), a
-    checkpoint folder (verified against its ``hashes.json``), or a hub id. The model then runs with
-    transformers' own modules.
+    checkpoint folder (verified against its ``hashes.json``; a folder without one loads with a
+    ``checkpoint.UnverifiedWarning``, or is refused under ``strict``), or a hub id. The model then
+    runs with transformers' own modules.
 
     fp32 on CPU; on a GPU the runtime's dtype (bf16 on sm_80+, fp16 on a T4).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source, local = _resolve(source)
-    if local and (pathlib.Path(source) / checkpoint.HASH_FILE).exists():
-        checkpoint.verify(pathlib.Path(source))
+    source, local = checkpoint.resolve(source, ASSETS, PRESETS)
+    if pathlib.Path(source).is_dir():
+        checkpoint.verify(pathlib.Path(source), strict=strict)
     dev = runtime.device(device)
     dt = torch.float32 if dev.type == "cpu" and dtype == "auto" else runtime.dtype(dtype, dev)
     kw = {"device_map": str(dev)} if dev.type == "cuda" else {}
@@ -251,8 +271,11 @@ def load(source: str | pathlib.Path, device: str = "auto", dtype: str = "auto") 
     return Loaded(model, tok, bias_LE, log)
 
 
-def run(cfg: TrainConfig, out_dir: pathlib.Path, *, command: str, progress: bool = True) -> dict:
-    """Corpus → tokenizer → train → final evaluation (of the saved, rounded weights) → save."""
+def run(cfg: TrainConfig, out_dir: pathlib.Path, *, command: str, progress: bool = True,
+        force: bool = False) -> dict:
+    """Corpus → tokenizer → train → final evaluation (of the saved, rounded weights) → save.
+    ``out_dir`` is checked first (see :func:`save`): a refusal costs no training."""
+    checkpoint.check_replaceable(out_dir, force)
     man = data.manifest()
     tok = data.tokenizer(cfg.vocab_size)
     train_ids, val_ids = data.encode_split(tok, "train"), data.encode_split(tok, "val")
@@ -268,7 +291,7 @@ def run(cfg: TrainConfig, out_dir: pathlib.Path, *, command: str, progress: bool
                           "imbalance": round(imb, 4), "cv": round(cv, 4)},
                 "params": sum(p.numel() for p in model.parameters()),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    save(model, bias_LE, log, tok, out_dir, man)
+    save(model, bias_LE, log, tok, out_dir, man, force=force)
     return log
 
 
@@ -283,13 +306,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--threads", type=int, help="torch threads (1 is faster on a busy 2-core machine)")
     p.add_argument("--out", type=pathlib.Path, help="checkpoint folder (default: the package's assets/<preset>)")
+    p.add_argument("--force", action="store_true", help="replace whatever is at --out (a file, a folder that is "
+                   "not a checkpoint): by default only a checkpoint written here is replaced")
     a = p.parse_args(argv)
     over = {k: v for k, v in {"balance": a.balance, "aux_coef": a.aux_coef, "z_coef": a.z_coef,
                               "bias_rate": a.bias_rate, "steps": a.steps, "seed": a.seed,
                               "threads": a.threads}.items() if v is not None}
-    cfg = dataclasses.replace(PRESETS[a.preset], **over)
+    try:
+        cfg = dataclasses.replace(PRESETS[a.preset], **over)
+    except ValueError as e:
+        p.error(str(e))
     out = a.out or ASSETS / a.preset
-    log = run(cfg, out, command="python -m dispatch.train " + " ".join(sys.argv[1:] if argv is None else argv))
+    try:
+        log = run(cfg, out, command="python -m dispatch.train " + " ".join(sys.argv[1:] if argv is None else argv),
+                  force=a.force)
+    except (FileExistsError, FloatingPointError) as e:
+        raise SystemExit(f"dispatch.train: {e}") from None
     print(f"{out}: val ppl {log['final']['val_ppl']} (unigram {log['unigram_ppl']}), "
           f"imbalance {log['final']['imbalance']}, {log['train_seconds']} s")
 

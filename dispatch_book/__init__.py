@@ -5,3 +5,9 @@
 
 ``dispatch`` (the library) never imports this package.
 """
+import sys as _sys
+
+if "matplotlib" in _sys.modules:  # a chapter drawing figures: each PNG records its smallest text
+    from dispatch_book.figures import textsize as _textsize
+
+    _textsize.record()

@@ -108,16 +108,17 @@ def stage() -> pathlib.Path:
 
 
 def build_book(src: pathlib.Path) -> pathlib.Path:
+    """Build the HTML book from ``src`` straight into _build/html (jupyter-book writes to
+    ``<path-output>/_build/html``), so the path it prints is the one the book is at."""
+    html = build_dir() / "html"
+    if html.exists():
+        shutil.rmtree(html)  # no page of an earlier build left behind
     # jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point with this Python.
     cmd = [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())", "build",
-           str(src), "--path-output", str(build_dir() / "book"), "-W", "--keep-going", "--all"]
+           str(src), "--path-output", str(root()), "-W", "--keep-going", "--all"]
     res = subprocess.run(cmd)
     if res.returncode != 0:
         raise SystemExit(f"jupyter-book build failed (exit {res.returncode}); command: {' '.join(cmd)}")
-    html = build_dir() / "html"
-    if html.exists():
-        shutil.rmtree(html)
-    shutil.copytree(build_dir() / "book" / "_build" / "html", html)
     return html / "index.html"
 
 
@@ -152,11 +153,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, metavar="DIR",
                     help="with --gpu: results root (default _build/results; `--out results` records for the book)")
     ap.add_argument("--allow-dirty", action="store_true", help="with --gpu: record a run of uncommitted code")
+    ap.add_argument("--cell-timeout", type=float, default=execute.CELL_TIMEOUT_S, metavar="SECONDS",
+                    help=f"'run' and 'all': seconds a cell may run before it counts as hung (default "
+                         f"{execute.CELL_TIMEOUT_S:g}; 0: no limit)")
     return ap
 
 
 def main(argv=None) -> None:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.cell_timeout < 0:
+        ap.error(f"--cell-timeout must be >= 0 seconds, got {args.cell_timeout:g}")
+    cell_timeout = args.cell_timeout or None
     if args.root:
         set_root(args.root)
     overrides = {k: _parse_value(v) for k, v in args.param}
@@ -169,10 +177,15 @@ def main(argv=None) -> None:
         if not args.notebooks:
             raise SystemExit("run: name the notebooks to execute")
         for nb in args.notebooks:
+            try:
+                execute.check_notebook(pathlib.Path(nb))
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"run: {e}") from None
+        for nb in args.notebooks:
             p = pathlib.Path(nb).resolve()
             print(f"executing {execute._rel(p, root())} ...", flush=True)
             try:
-                secs = execute.run_in_place(p, overrides, build_dir() / "run", root())
+                secs = execute.run_in_place(p, overrides, build_dir() / "run", root(), cell_timeout=cell_timeout)
             except ValueError as e:
                 raise SystemExit(str(e)) from None
             print(f"  done in {secs:.0f} s; outputs refreshed")
@@ -199,7 +212,8 @@ def main(argv=None) -> None:
         bar = tqdm(nbs, desc="chapters", unit="nb", file=sys.stdout)
         for nb in bar:
             bar.set_postfix_str(nb.name)
-            secs = execute.execute(nb, src / "notebooks" / nb.name, overrides, strict=False, root=root())
+            secs = execute.execute(nb, src / "notebooks" / nb.name, overrides, strict=False, root=root(),
+                                   cell_timeout=cell_timeout)
             tqdm.write(f"  {execute._rel(nb, root())}: {secs:.0f} s")
     else:  # build from the committed outputs
         for nb in nbs:
@@ -207,7 +221,7 @@ def main(argv=None) -> None:
     if args.no_build:
         return
     index = build_book(src)
-    print(f"\nThe book is built: {index}")
+    print(f"\nThe book is built: {index.relative_to(root())}")
 
 
 if __name__ == "__main__":

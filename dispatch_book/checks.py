@@ -7,7 +7,7 @@ equal, and stops the notebook when the verdict fails.
     verdict("kernel vs reference", y, ref, rtol=1e-5)   # kernel vs reference: ok (rel err < 1e-05)
     bitwise("two runs", y1, y2)                         # two runs: bitwise equal, yes
     show_source(_up_tile)                               # a kernel's own source, numbered lines
-    ceilings("h200")                                    # the measured ceilings the figures divide by
+    ceilings()                                          # the measured ceilings of the recording set
     table(rows, ["shape", "T", "ms"])                   # a rendered markdown table
 """
 from __future__ import annotations
@@ -87,12 +87,24 @@ def _wrap_code(line: str, width: int) -> list[str]:
     return out + [line]
 
 
-def show_source(fn, *, start: int | None = None, stop: int | None = None) -> None:
+def show_source(fn, *, start: int | None = None, stop: int | None = None, specialise: dict | None = None) -> None:
     """Print a function's source as the package has it (a ``@triton.jit`` function's ``.fn``), with
     line numbers so the prose can point at them (a line wider than the book's column continues on
-    an unnumbered line); ``start``/``stop`` pick a line range (1-based)."""
+    an unnumbered line); ``start``/``stop`` pick a line range (1-based).
+
+    ``specialise`` (switch → value, e.g. ``{"QUANT": False, "TMA": False}``): the source as a chapter
+    where those switches are off needs it (:mod:`dispatch_book.specialise`: branches they rule out
+    dropped, helpers they reduce inlined), numbered as shown, with one line under it saying what
+    went: ``# specialised: QUANT=False, TMA=False; 14 lines dropped, 2 calls inlined``."""
     fn = getattr(fn, "fn", fn)
-    lines = inspect.getsource(fn).rstrip("\n").splitlines()
+    listing = None
+    if specialise is not None:
+        from dispatch_book.specialise import specialise as _specialise
+
+        listing = _specialise(fn, specialise)
+        lines = list(listing.lines)
+    else:
+        lines = inspect.getsource(fn).rstrip("\n").splitlines()
     first = start or 1
     lines = lines[first - 1:stop]
     path = inspect.getsourcefile(fn) or "?"
@@ -101,28 +113,23 @@ def show_source(fn, *, start: int | None = None, stop: int | None = None) -> Non
     for i, line in enumerate(lines, first):
         for j, part in enumerate(_wrap_code(line, COLUMN - 5)):
             print(f"{i:3d}  {part}" if j == 0 else f"     {part}")
+    if listing is not None:
+        print(fill(f"# {listing.summary()}"))
 
 
-def ceilings(gpu: str = "h200") -> dict:
-    """The ceilings a "% of peak" divides by: ``hbm_copy_gbps``, ``hbm_read_gbps`` (None where not
-    measured), ``bf16_tflops`` and ``source``, from the measured results file of ``gpu``.
-
-    The one place the chapters get ceilings from. It defers to ``dispatch_book.bench.ceilings`` when
-    the harness provides it, else it reads ``results/<gpu>/ceilings.json`` itself."""
+def ceilings(gpu: str | None = None) -> dict:
+    """The ceilings a "% of peak" divides by: ``hbm_copy_gbps``, ``hbm_read_gbps``, ``bf16_tflops`` and
+    ``source``, of ``gpu`` (a name or slug), or, when None, of the GPU whose recordings the chapters
+    read (:func:`dispatch_book.bench.sets.current`). The one place the chapters get ceilings from."""
     from dispatch_book import bench
+    from dispatch_book.bench import sets
 
-    fn = getattr(bench, "ceilings", None)
-    if callable(fn):
-        return dict(fn(gpu))
-    doc = bench.load("ceilings", gpu=gpu)
-    if doc is None:
-        raise FileNotFoundError(f"no measured ceilings for {gpu!r} (results/{gpu}/ceilings.json)")
-    rows = {r["ceiling"]: r for r in doc["rows"]}
-    read = rows.get("hbm_read")
-    return {"hbm_copy_gbps": rows["hbm_copy"]["GBps"],
-            "hbm_read_gbps": read["GBps"] if read else None,
-            "bf16_tflops": rows["bfloat16_matmul"]["TFLOPs"],
-            "source": bench.provenance(doc)}
+    if gpu is None:
+        gpu = sets.current()
+        if gpu is None:
+            raise FileNotFoundError("no complete set of recordings under results/: record one on a GPU with "
+                                    "`python -m dispatch_book.bench all --out results`")
+    return dict(bench.ceilings(gpu))
 
 
 def _cell(v, fmt):

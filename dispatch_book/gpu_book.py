@@ -17,6 +17,8 @@ import json
 import pathlib
 import time
 
+from dispatch import files
+
 T4_MEMORY_BYTES = 15e9
 T4_SHARED_BYTES = 65536
 CELL_TIMEOUT_S = 600  # a hung cell is recorded as a failure, and the run goes on
@@ -50,8 +52,8 @@ def prepare(nb_path: pathlib.Path, dest: pathlib.Path, budget: str, stats: pathl
     tag = {"tags": ["injected-by-build-gpu"]}
     nb.cells.insert(0, nbformat.v4.new_code_cell(_first_cell(budget), metadata=tag))
     nb.cells.append(nbformat.v4.new_code_cell(_last_cell(stats), metadata=tag))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, dest)
+    with files.replacing(dest) as tmp:
+        nbformat.write(nb, tmp)
     return dest
 
 

@@ -17,6 +17,8 @@ import copy
 import pathlib
 import re
 
+from dispatch import files
+
 # What Colab ships: never reinstalled by the install cell.
 ON_COLAB = {"torch", "triton", "numpy", "matplotlib", "tqdm"}
 
@@ -65,8 +67,9 @@ def install_source(root: pathlib.Path) -> str:
             f"    !pip install -q {deps}")
 
 
-def sync(root: pathlib.Path, paths=None) -> list[pathlib.Path]:
-    """Rewrite the title/badge cell and the Colab install cell of each notebook; returns the changed."""
+def sync(root: pathlib.Path, paths=None, *, dry_run: bool = False) -> list[pathlib.Path]:
+    """Rewrite the title/badge cell and the Colab install cell of each notebook; returns the changed
+    files (``dry_run``: the files it would change, writing nothing)."""
     import nbformat
 
     changed = []
@@ -76,7 +79,8 @@ def sync(root: pathlib.Path, paths=None) -> list[pathlib.Path]:
     # the launch buttons (Colab, Binder) open the chapters at the tag the install cell installs
     new_cfg = re.sub(r"(?m)^(repository:\n(?:  .*\n)*?  branch: ).*$", lambda m: m.group(1) + pinned_ref(root), new_cfg)
     if new_cfg != cfg:
-        cfg_path.write_text(new_cfg)
+        if not dry_run:
+            files.write_text(cfg_path, new_cfg)
         changed.append(cfg_path)
     for p in paths or sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(p, as_version=4)
@@ -101,6 +105,8 @@ def sync(root: pathlib.Path, paths=None) -> list[pathlib.Path]:
         nb.metadata.setdefault("colab", {})["provenance"] = []
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         if nb != before:
-            nbformat.write(nb, p)
+            if not dry_run:
+                with files.replacing(p) as tmp:
+                    nbformat.write(nb, tmp)
             changed.append(p)
     return changed

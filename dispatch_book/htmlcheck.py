@@ -16,15 +16,25 @@ It reads every page's article (the theme's navigation and buttons are left out) 
   they were made at.
 * **words about how the book was made** (``WORDS``, case-insensitive, whole words), anywhere in the
   article: prose, code and outputs.
+* **names the book must never mention** (``HIDDEN``): names of unpublished projects. They are kept as
+  SHA-256 digests of the lower-cased word, so that the repository never spells them: every word of the
+  article (a run of letters and digits) is hashed and looked up. A digest hides a name from a reader of
+  the code, not from someone who guesses it; that is all it is for.
+
+Then every page in headless Chromium (``dispatch_book.browsercheck``): a JavaScript error, a local
+resource that is missing (404), a table wider than the column that nothing scrolls, figure text
+under 9 px as shown. ``--browser auto`` (the default) runs these where Chromium is installed and
+says so where it is not; ``required`` (CI) fails without it; ``off`` skips them.
 
 ``python -m dispatch_book.htmlcheck DIR`` prints each finding with its page and a per-page count,
-and exits 1 if there is any.
+and exits 1 if there is any (2 if the browser checks are required and cannot run).
 """
 from __future__ import annotations
 
 import argparse
 import base64
 import dataclasses
+import hashlib
 import pathlib
 import re
 import struct
@@ -35,7 +45,12 @@ CODE_CHARS = 88
 OUTPUT_CHARS = 88
 COLUMN_PX = 676
 MIN_SCALE = 0.7
-WORDS = re.compile(r"shared/|\b(?:the issue|issues|switchyard|tickets?|helpers?|the lead)\b", re.IGNORECASE)
+WORDS = re.compile(r"shared/|\b(?:the issue|issues|tickets?|helpers?|the lead)\b", re.IGNORECASE)
+# sha256(word.lower()) of each name the book must never mention (see the module's docstring).
+HIDDEN = frozenset({
+    "3e865a8f1fca8d39afb548a7b2ff97019d9f12a3af0a846d4ef83b584b59fd0d",
+})
+_WORD = re.compile(r"[^\W_]+")
 _BLOCKS = {"div", "p", "pre", "li", "td", "th", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "br", "section", "dt", "dd"}
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
@@ -43,7 +58,7 @@ _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "me
 @dataclasses.dataclass(frozen=True)
 class Finding:
     page: str
-    kind: str  # "code", "output", "figure" or "words"
+    kind: str  # "code", "output", "figure", "words"; in the browser: "javascript", "missing", "table", "figure text"
     detail: str
 
     def __str__(self) -> str:
@@ -159,10 +174,18 @@ def check_page(path: pathlib.Path, name: str | None = None, code_chars: int = CO
             found.append(Finding(name, "figure", f"{shown}: {width} px wide, drawn at {column_px} px "
                                                  f"({100 * column_px / width:.0f}% < {100 * min_scale:.0f}%)"))
     text = re.sub(r"\s+", " ", "".join(parser.text))
-    for m in WORDS.finditer(text):
+    hits = [*WORDS.finditer(text), *hidden_words(text)]
+    for m in sorted(hits, key=lambda m: m.start()):
         context = text[max(0, m.start() - 30): m.end() + 30]
         found.append(Finding(name, "words", f"{m.group(0)!r} in …{context.strip()}…"))
     return found
+
+
+def hidden_words(text: str, hidden: frozenset[str] | None = None) -> list[re.Match]:
+    """The words of ``text`` whose lower-cased SHA-256 digest is in ``hidden`` (default ``HIDDEN``)."""
+    hidden = HIDDEN if hidden is None else hidden
+    return [m for m in _WORD.finditer(text)
+            if hashlib.sha256(m.group(0).lower().encode()).hexdigest() in hidden]
 
 
 def pages(root: pathlib.Path) -> list[pathlib.Path]:
@@ -172,13 +195,18 @@ def pages(root: pathlib.Path) -> list[pathlib.Path]:
                   if not any(part.startswith("_") for part in p.relative_to(root).parts[:-1]) and p.name not in skip)
 
 
-def check(root: pathlib.Path, **limits) -> list[Finding]:
+def check(root: pathlib.Path, browser: bool = False, **limits) -> list[Finding]:
+    """The findings of every page; ``browser``: also those of the pages opened in Chromium."""
     root = pathlib.Path(root)
     if not (root / "index.html").is_file():
         raise SystemExit(f"{root}: no index.html: build the book first (make book)")
     found = []
     for p in pages(root):
         found += check_page(p, p.relative_to(root).as_posix(), **limits)
+    if browser:
+        from dispatch_book import browsercheck
+
+        found += browsercheck.check(root, pages(root), Finding)
     return found
 
 
@@ -189,9 +217,19 @@ def main(argv=None) -> int:
     ap.add_argument("--code-chars", type=int, default=CODE_CHARS)
     ap.add_argument("--output-chars", type=int, default=OUTPUT_CHARS)
     ap.add_argument("--column-px", type=int, default=COLUMN_PX)
+    ap.add_argument("--browser", choices=["auto", "required", "off"], default="auto",
+                    help="the checks in headless Chromium: where installed (auto), always (required), never (off)")
     args = ap.parse_args(argv)
-    found = check(pathlib.Path(args.html), code_chars=args.code_chars, output_chars=args.output_chars,
-                  column_px=args.column_px)
+    from dispatch_book.browsercheck import missing_browser
+
+    missing = missing_browser() if args.browser != "off" else None
+    if missing and args.browser == "required":
+        print(f"htmlcheck: the browser checks cannot run: {missing}", file=sys.stderr)
+        return 2
+    if missing:
+        print(f"htmlcheck: browser checks skipped (JavaScript errors, 404s, wide tables, figure text): {missing}")
+    found = check(pathlib.Path(args.html), browser=args.browser != "off" and not missing,
+                  code_chars=args.code_chars, output_chars=args.output_chars, column_px=args.column_px)
     for f in found:
         print(f)
     counts: dict[str, dict[str, int]] = {}

@@ -7,6 +7,11 @@ the npm registry at pinned versions into DIR, which is not committed: ``_config.
 ``mathjax_path`` and ``nb_ipywidgets_js`` at these files. Without npm (or without network) each
 file becomes a small script that loads the same pinned version from the CDN instead, so the
 book still builds and says that its pages then need a network.
+
+The widget library loads its icon fonts from next to where require.js places its modules, which by
+default is the page's own folder (``notebooks/@jupyter-widgets/...``: a 404 for each font).
+``WIDGET_PATHS`` (``html-manager/paths.js``, loaded between require.js and the library) points
+require.js at the folder that holds them: the vendored copy, or the CDN's.
 """
 from __future__ import annotations
 
@@ -40,10 +45,24 @@ PACKAGES = {
     "requirejs": ("requirejs", "2.3.7", "", lambda name: name == "require.js", "require.js"),
 }
 _STAMP = ".versions"
+WIDGET_PATHS = "html-manager/paths.js"
+_WIDGETS = ("@jupyter-widgets/html-manager/dist", "@jupyter-widgets")  # module prefixes the library's chunks use
+
+
+def paths_script(folder: str | None) -> str:
+    """require.js configuration: the widget modules (and so their fonts) live in ``folder`` (a URL),
+    or, for None, in the folder this script is served from."""
+    where = f"{folder!r}" if folder else "here.slice(0, here.split('?')[0].lastIndexOf('/'))"
+    return ("// The widget library's modules, and the fonts they load, live here (not next to the page).\n"
+            "(function () {\n"
+            "  var here = (document.currentScript || {}).src || '';\n"
+            f"  var folder = {where};\n"
+            "  require.config({paths: {" + ", ".join(f"'{m}': folder" for m in _WIDGETS) + "}});\n"
+            "})();\n")
 
 
 def _stamp() -> str:
-    return "\n".join(f"{pkg}@{ver}" for pkg, ver, *_ in PACKAGES.values()) + "\n"
+    return "\n".join([*(f"{pkg}@{ver}" for pkg, ver, *_ in PACKAGES.values()), WIDGET_PATHS]) + "\n"
 
 
 def _npm_pack(spec: str, tmp: pathlib.Path) -> pathlib.Path:
@@ -104,9 +123,12 @@ def fetch(dest: pathlib.Path) -> bool:
             (dest / name).mkdir(parents=True)
             path = "/".join(p for p in (folder, entry) if p)
             (dest / name / entry).write_text(cdn_shim(f"{CDN}/{pkg}@{ver}/{path}"))
+        pkg, ver, folder, *_ = PACKAGES["html-manager"]
+        (dest / WIDGET_PATHS).write_text(paths_script(f"{CDN}/{pkg}@{ver}/{folder}"))
         print(f"vendor: {e}.\nvendor: the book's pages will load MathJax and the widget library from "
               f"{CDN} (they need a network to show equations and widgets).", file=sys.stderr)
         return False
+    (dest / WIDGET_PATHS).write_text(paths_script(None))
     (dest / _STAMP).write_text(_stamp())
     return True
 

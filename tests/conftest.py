@@ -20,6 +20,13 @@ settings.register_profile("thorough", deadline=None, max_examples=300,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("DISPATCH_HYPOTHESIS", "ci"))
 
+# Under pytest-xdist (make test) each worker takes its share of the cores: with torch's default, one
+# thread per core in every worker, the workers' threads outnumber the cores and wait on each other.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, _cores // _WORKERS))
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -28,3 +35,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def small_space(monkeypatch):
+    """The tuner's candidate spaces, interpreter-sized (the real ones are GPU tiles: slow under numpy);
+    for tests/test_tune*.py."""
+    from dispatch.tune import search
+
+    tiles_ = ((32, 32, 4, 1), (16, 32, 4, 2), (32, 16, 4, 1))
+    monkeypatch.setattr(search, "SPACE", {(k, bm): tiles_ for k in ("up", "down") for bm in (16, 64, 128)})
+    monkeypatch.setattr(search, "DECODE_UP", ((16, 32, 1), (32, 16, 1)))
+    monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), (32, 16)))
+    monkeypatch.setattr(search, "PROGRAMS_PER_SM", (1, 4))
+    monkeypatch.setattr(search, "SPLIT_TILES", ((16, 16),))
+    monkeypatch.setattr(search, "SPLIT_HO", (32,))

@@ -88,3 +88,24 @@ def test_model_shape_validates():
     with pytest.raises(ValueError, match="dense_layers"):
         ModelShape(PRESETS["tiny"], num_layers=2, vocab_size=8, num_heads=1, num_kv_heads=1, head_dim=64,
                    dense_layers=3)
+
+
+def test_expert_parallel_exchange_by_hand_and_by_simulation():
+    from dispatch.arithmetic import expert_parallel_exchange
+    from dispatch.config import MoEConfig
+
+    cfg = MoEConfig(hidden_size=4, intermediate_size=8, num_experts=4, top_k=2)
+    # R = 2: a rank holds 2 of 4 experts; a token misses both of the other rank's with C(2,2)/C(4,2) = 1/6
+    got = expert_parallel_exchange(cfg, 2, 6, itemsize=2)
+    assert got == {"pairs": 6 * 2 * 0.5 * 8, "dispatch": 6 * 1 * (5 / 6) * 8, "combine": 6 * 2 * 0.5 * 8}
+    assert expert_parallel_exchange(cfg, 1, 6) == {"pairs": 0.0, "dispatch": 0.0, "combine": 0.0}
+    with pytest.raises(ValueError, match="ranks must divide"):
+        expert_parallel_exchange(cfg, 3, 6)
+    # against a draw: 20000 tokens, K of E without replacement, rank 0 counts the other ranks it sends to
+    big = MoEConfig(hidden_size=1, intermediate_size=8, num_experts=64, top_k=8)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.rand(20000, 64, generator=g).argsort(dim=1)[:, :8]
+    owner = ids // 16  # R = 4, contiguous
+    sent = sum(int((owner == r).any(dim=1).sum()) for r in (1, 2, 3))
+    want = expert_parallel_exchange(big, 4, 20000, itemsize=1)["dispatch"]
+    assert abs(sent - want) / want < 0.01

@@ -1,7 +1,6 @@
 """The balancing study: runs every setting once per seed, records the seed, and sums up over seeds."""
 import dataclasses
 import math
-import pathlib
 import statistics
 
 import pytest
@@ -131,17 +130,3 @@ def test_training_curves_draw_each_seed_and_the_mean():
 
     dots = [c.get_offsets()[:, 1].tolist() for c in fig2.axes[1].collections if isinstance(c, PathCollection)]
     assert dots == [[150.0, 160.0], [150.0, 160.0]]  # one dot per seed, for each setting
-
-
-def test_chapter_5_glues_every_number_its_text_names():
-    """Every ``{glue:text}`` role of chapter 5's text has a value glued by one of its cells."""
-    import json
-    import re
-
-    nb = json.loads((pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "05_load_balance.ipynb")
-                    .read_text())
-    glued = {o["metadata"]["scrapbook"]["name"] for c in nb["cells"] if c["cell_type"] == "code"
-             for o in c.get("outputs", []) if "scrapbook" in o.get("metadata", {})}
-    named = {m for c in nb["cells"] if c["cell_type"] == "markdown"
-             for m in re.findall(r"\{glue:text\}`([^`:]+)", "".join(c["source"]))}
-    assert named and named <= glued, sorted(named - glued)

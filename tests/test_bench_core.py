@@ -103,19 +103,27 @@ def test_load_reads_only_gpu_recordings_unless_cpu_is_named(tmp_path):
     _write(tmp_path, "a100-sxm4-80gb", _doc("NVIDIA A100-SXM4-80GB", date="2025-01-01T00:00:00+00:00"))
     _write(tmp_path, "cpu", _doc("cpu", date="2027-01-01T00:00:00+00:00"))
     _write(tmp_path, "tesla-t4", _doc("cpu", date="2028-01-01T00:00:00+00:00"))  # a CPU run in a GPU folder
-    assert bench.load("kernels", root=tmp_path)["gpu"] == "NVIDIA H200"  # newest GPU recording
     assert bench.load("kernels", gpu="NVIDIA H200", root=tmp_path)["rows"] == [{"median_ms": 1.0}]
     assert bench.load("kernels", gpu="a100-sxm4-80gb", root=tmp_path)["gpu"] == "NVIDIA A100-SXM4-80GB"
     assert bench.load("kernels", gpu="tesla-t4", root=tmp_path) is None
     assert bench.load("kernels", gpu="cpu", root=tmp_path)["gpu"] == "cpu"
-    assert bench.load("missing", root=tmp_path) is None
+    assert bench.load("kernels", root=tmp_path) is None, "no complete set: nothing to read by default"
+    with pytest.raises(ValueError, match="name the GPU"):
+        bench.load("missing", root=tmp_path)
+
+
+def test_load_refuses_a_recording_of_uncommitted_code(tmp_path):
+    _write(tmp_path, "h200", _doc("NVIDIA H200") | {"git_commit": GOOD + "+dirty"})
+    with pytest.raises(ValueError, match="uncommitted code"):
+        bench.load("kernels", gpu="h200", root=tmp_path)
 
 
 def test_load_reads_the_packaged_recordings():
     doc = bench.load("kernels", gpu="h200")
     assert doc is not None and doc["gpu"] == "NVIDIA H200" and doc["rows"]
-    assert bench.load("balance_study") is None, "a CPU recording never stands in for a GPU one"
     assert bench.load("balance_study", gpu="cpu")["rows"]
+    with pytest.raises(ValueError, match="not one of the recordings of a set"):
+        bench.load("balance_study")  # a CPU recording never stands in for a GPU one
     assert results.recorded().joinpath("h200", "ceilings.json").is_file()
 
 
@@ -133,7 +141,7 @@ def test_gpu_slug():
 
 @pytest.mark.parametrize("gpu, gbps, tflops", [
     ("Tesla T4", 320, 65), ("NVIDIA A100-SXM4-40GB", 1555, 312), ("NVIDIA A100-SXM4-80GB", 2039, 312),
-    ("NVIDIA H100 80GB HBM3", 3350, 989), ("NVIDIA H100 PCIe", 2000, 756), ("NVIDIA H200 NVL", 4800, 835)])
+    ("NVIDIA H100 SXM5 80GB", 3350, 989), ("NVIDIA H100 PCIe", 2000, 756), ("NVIDIA H200 NVL", 4800, 835)])
 def test_ceilings_from_the_datasheet(gpu, gbps, tflops):
     c = bench.ceilings(gpu)
     assert (c["hbm_copy_gbps"], c["hbm_read_gbps"], c["bf16_tflops"]) == (gbps, gbps, tflops)

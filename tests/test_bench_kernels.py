@@ -114,3 +114,16 @@ def test_shared_as_experts_splits_the_shared_mlp_exactly():
         shared_as_experts(w48.shared_gate_up_2SH, w48.shared_down_HS, CFGS["shared"].I)
     gated = MoEConfig(64, 32, 8, 2, shared_intermediate_size=64, shared_gate=True, family="qwen2_moe")
     assert shared_rides_along(cfg) and not shared_rides_along(CFGS["shared"]) and not shared_rides_along(gated)
+
+
+def test_at_ceilings_rebases_the_percentages_only():
+    from dispatch_book.bench.kernels import at_ceilings
+
+    doc = {"ceilings": {"hbm_read_gbps": 100.0, "bf16_tflops": 10.0, "source": "sheet"},
+           "rows": [{"median_ms": 2.0, "tflops": 5.0, "gbps": 50.0, "pct_peak_flops": 50.0, "pct_read_bw": 50.0,
+                     "pct_hbm": 50.0}, {"contestant": "x", "skipped": "no"}]}
+    got = at_ceilings(doc, {"hbm_read_gbps": 200.0, "bf16_tflops": 20.0, "source": "measured"})
+    assert got["rows"][0] == {"median_ms": 2.0, "tflops": 5.0, "gbps": 50.0, "pct_peak_flops": 25.0,
+                              "pct_read_bw": 25.0, "pct_hbm": 25.0}
+    assert got["rows"][1] == doc["rows"][1] and doc["rows"][0]["pct_hbm"] == 50.0, "a copy, not in place"
+    assert got["ceilings"]["source"] == "measured" and "sheet" in got["rebased"]

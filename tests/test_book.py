@@ -235,5 +235,30 @@ def test_every_glue_a_page_names_is_glued_by_its_chapter():
 
 
 def test_chapter_titles_are_numbered_alike():
+    """``NN_name`` is "Chapter N", N = 0, 1, 2, ... in reading order; an interlude after chapter N,
+    ``NNb_name``, is "Chapter N.5"."""
+    def number(nb):
+        m = re.match(r"(\d\d)(b?)_", nb.name)
+        assert m, f"{nb.name}: a chapter's file is NN_name or NNb_name"
+        return f"{int(m[1])}.5" if m[2] else str(int(m[1]))
+
     titles = [json.loads(nb.read_text())["cells"][0]["source"][0] for nb in NOTEBOOKS]
-    assert [t.split(":")[0] for t in titles] == [f"# Chapter {i}" for i in range(len(NOTEBOOKS))], titles
+    assert [t.split(":")[0] for t in titles] == [f"# Chapter {number(nb)}" for nb in NOTEBOOKS], titles
+    whole = [int(number(nb)) for nb in NOTEBOOKS if "." not in number(nb)]
+    assert whole == list(range(len(whole))), whole
+
+
+def test_the_readme_snippet_runs_here():
+    """README's "Using the package" block, as a reader pastes it: on this machine's device (no GPU
+    named in it), the layer and the module agree."""
+    import torch
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Using the package"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "cuda" not in code.replace("a CUDA GPU", "")
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102
+    y, layer, x = scope["y"], scope["layer"], scope["x"]
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    torch.testing.assert_close(layer(x), y)

@@ -38,7 +38,9 @@ def split(args, config=SPLIT, **kw):
     return y
 
 
-@settings(max_examples=25, deadline=None)
+# Three interpreted launches an example (split, chain, split on another grid): 3/5 of the profile's
+# examples (15 in CI, tests/conftest.py); the edges have their own tests below.
+@settings(max_examples=max(10, settings().max_examples * 3 // 5))
 @given(T=st.integers(1, 9), block_i=st.sampled_from([16, 32]), block_m=st.sampled_from([1, 16]), **RANDOM)
 def test_random_shapes_match_the_reference(T, block_i, block_m, E, K, H, I, seed, skew, programs):  # noqa: E741
     x, w, ids, gu, dn = random_case(T, E, K, H, I, seed, skew)

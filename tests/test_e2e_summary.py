@@ -67,3 +67,15 @@ def test_at_ceiling_rescales_the_roofline_not_the_measurement():
     r = new["rows"][0]
     assert (r["decode_tok_s"], r["roofline_tok_s"], r["pct_roofline"]) == (900.0, 2250.0, 40.0)
     assert doc["rows"][0]["pct_roofline"] == 50.0 and doc["read_gbps"] == 4000.0  # the recording is left as it was
+
+
+def test_fused_moe_sentence_reads_the_race_or_says_it_did_not_run():
+    from dispatch_book.bench.e2e_summary import fused_moe_sentence
+
+    rows = [{"contestant": "ours", "batch": 1, "decode_tok_s": 1000.0},
+            {"contestant": "ours_fused_moe", "batch": 1, "decode_tok_s": 800.0}]
+    assert fused_moe_sentence({"rows": rows}) == ("in the race of section 4 it decodes 800 tokens/s at batch 1 "
+                                                  "against 1,000 on the default path (0.80×)")
+    assert "did not time it" in fused_moe_sentence({"rows": rows[:1]})
+    rows[1] = {"contestant": "ours_fused_moe", "batch": 1, "error": "OutOfMemoryError"}
+    assert "did not time it" in fused_moe_sentence({"rows": rows})

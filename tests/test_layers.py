@@ -15,12 +15,12 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # part → layer; a module belongs to the longest part that prefixes its name. Layer 1: device facts,
-# configs, the one validator, tables, registries, the graph timer, number formats; 2 the reference;
-# 3 the kernels; 4 what a user calls; 5 the tuner; 6 the package's front door (lazy re-exports).
+# configs, the one validator, tables, registries, the graph timer, atomic file writes, number formats;
+# 2 the reference; 3 the kernels; 4 what a user calls; 5 the tuner; 6 the package's front door (lazy re-exports).
 LAYERS = {
     "dispatch.runtime": 1, "dispatch.config": 1, "dispatch.checks": 1, "dispatch.tables": 1,
     "dispatch.families": 1, "dispatch.schemes": 1, "dispatch.activations": 1, "dispatch.timing": 1,
-    "dispatch.arithmetic": 1,
+    "dispatch.arithmetic": 1, "dispatch.files": 1,
     "dispatch.quant.formats": 1,
     "dispatch.reference": 2,
     "dispatch.kernels": 3,

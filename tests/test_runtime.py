@@ -5,6 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dispatch import runtime
 
@@ -101,3 +103,41 @@ def test_old_triton_interpreter_reads_scalar_loop_bounds(monkeypatch):
     assert list(range(0, bound, 2)) == [0, 2, 4]
     runtime._interpreter_scalar_loops()  # a second call does not wrap twice
     assert interpreter._patch_lang_tensor.squeezes_scalars
+
+
+@triton.jit
+def _twice(x):
+    return x * 2
+
+
+@triton.jit
+def _times_two_to_the(x_ptr, out_ptr, n, CALLS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    for _ in tl.static_range(CALLS):
+        x = _twice(x)  # a device function call
+    tl.store(out_ptr + offs, x, mask=offs < n)
+
+
+@pytest.mark.skipif(not runtime.INTERPRET, reason="the interpreter's patches (CPU)")
+def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
+    """A kernel calling a device function three times computes what it did (x·8 past a masked tail),
+    patches Triton's language once per launch instead of once per call, and leaves it unpatched."""
+    from triton.runtime import interpreter
+
+    assert getattr(interpreter._patch_lang, "once", False), "runtime installs the once-per-launch patch"
+
+    patches = []
+    patch_builtin = interpreter._patch_builtin
+    monkeypatch.setattr(interpreter, "_patch_builtin", lambda *a: patches.append(1) or patch_builtin(*a))
+    arange = tl.arange
+    x = torch.arange(20, dtype=torch.float32)
+    counts = []
+    for calls in (0, 3):
+        out = torch.zeros_like(x)
+        patches.clear()
+        _times_two_to_the[(3,)](x, out, 20, CALLS=calls, BLOCK=8)
+        assert torch.equal(out, x * 2 ** calls)
+        counts.append(len(patches))
+    assert counts[0] == counts[1] > 0, counts  # the three device calls added no patch of their own
+    assert tl.arange is arange, "the launch restored the language"

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The engine captures its decode step once per batch bucket to serve it, not to time it.
-SERVING_GRAPHS = {"dispatch/engine/engine.py"}
+# The engines capture their steps once per batch bucket to serve them, not to time them: the lean
+# engine's decode step, the serving runner's mixed step, the speculative engine's verify step.
+SERVING_GRAPHS = {"dispatch/engine/engine.py", "dispatch/serve/runner.py", "dispatch/serve/speculative.py"}
 
 
 def test_graphs_are_captured_and_timed_in_one_place():

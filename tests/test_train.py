@@ -225,7 +225,7 @@ def test_cli_documents_only_flags_that_exist():
 
     flags = set(re.findall(r"(--[a-z][a-z-]*)", train.__doc__))
     parser_flags = {"--preset", "--balance", "--aux-coef", "--z-coef", "--bias-rate", "--steps", "--seed",
-                    "--threads", "--out"}
+                    "--threads", "--out", "--force"}
     assert flags <= parser_flags, flags - parser_flags
     with pytest.raises(SystemExit):
         train.main(["--device", "cuda"])

@@ -1,4 +1,6 @@
-"""The tuner's search loop under Triton's interpreter: a tiny preset, a fake timer (no timed tests)."""
+"""The tuner's search loop under Triton's interpreter: a tiny preset, a fake timer (no timed tests).
+The quantized searches: tests/test_tune_quant.py; --refine: tests/test_tune_refine.py; the candidate
+spaces they share (``small_space``): tests/conftest.py."""
 from dataclasses import replace
 
 import pytest
@@ -8,7 +10,7 @@ import dispatch  # noqa: F401
 from dispatch import tables
 from dispatch.kernels import tiles
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
-from dispatch.tune import main, quant_search, search
+from dispatch.tune import main, search
 from dispatch.tune.compile import compile_jobs
 from dispatch.tune.search import block_ms, crossover, decode_steps, gemm_space, tune_preset
 
@@ -21,18 +23,6 @@ def fake_us(fn, cand):
     if isinstance(cand, DecodeConfig):
         return 100.0 + cand.block_i / 16 + cand.block_ho / 32 - cand.programs / 1000
     return 50.0  # a whole grouped path
-
-
-@pytest.fixture
-def small_space(monkeypatch):
-    """Interpreter-sized candidate spaces (the real ones are GPU tiles: slow under numpy)."""
-    tiles_ = ((32, 32, 4, 1), (16, 32, 4, 2), (32, 16, 4, 1))
-    monkeypatch.setattr(search, "SPACE", {(k, bm): tiles_ for k in ("up", "down") for bm in (16, 64, 128)})
-    monkeypatch.setattr(search, "DECODE_UP", ((16, 32, 1), (32, 16, 1)))
-    monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), (32, 16)))
-    monkeypatch.setattr(search, "PROGRAMS_PER_SM", (1, 4))
-    monkeypatch.setattr(search, "SPLIT_TILES", ((16, 16),))
-    monkeypatch.setattr(search, "SPLIT_HO", (32,))
 
 
 def test_search_loop_on_the_interpreter(tmp_path, small_space):
@@ -85,94 +75,6 @@ def test_shared_expert_decode_tiles_get_their_own_entry(small_space, monkeypatch
     jobs = [j for j in compile_jobs(["tiny-shared"], (2,), cpu) if j[2] == "decode_shared"]
     assert len(jobs) == 1 and jobs[0][3]
     assert _compile_job(("tiny-shared", 2, "decode_shared", [tiles.INTERPRET_DECODE])) == []
-
-
-def test_quant_search_on_the_interpreter(small_space, monkeypatch):
-    """--quant: one entry per scheme, decode buckets up to QUANT_MAX_T, every config fitting the
-    scale blocks, the cheapest by the fake price; the launcher then reads it for that scheme."""
-    from dispatch import quant
-    from dispatch.kernels.quant_gemv import check_chunk
-
-    monkeypatch.setattr(quant_search, "QUANT_CHUNKS", ((64, 64), (32, 64)))
-    monkeypatch.setattr(quant_search, "QUANT_TILES", ((16, 64, 16, 64), (32, 32, 16, 32)))
-    cpu, logs = torch.device("cpu"), []
-    entries = tune_preset("tiny", (2, 8, 128), cpu, torch.float32, timer=fake_us, log=logs.append,
-                          schemes=("int8-channel", "int8-group128"))
-    assert set(entries) == {tables.shape_key(8, 64, 32, 2, f"float32+{q}") for q in ("int8-channel", "int8-group128")}
-    w = search.make_case("tiny", 2, cpu, torch.float32)[1]
-    for key, e in entries.items():
-        assert set(e["buckets"]) == {"2", "8"}  # T = 128 > QUANT_MAX_T: not tuned
-        # the weight-only grouped GEMM timed from GROUPED_MIN_T (8); its fake price (50) beats decode's (~100)
-        assert "grouped_us" not in e["buckets"]["2"] and e["buckets"]["8"]["grouped_us"] == 50.0
-        assert e["crossover"] == 2
-        qe = quant.quantize_experts(w.gate_up_E2IH, w.down_EHI, key.split("+")[1])
-        for b in e["buckets"].values():
-            d = DecodeConfig(**b["decode"])
-            check_chunk("block_h", d.block_h, qe.gate_up)
-            check_chunk("block_id", d.block_id, qe.down)
-            assert (d.block_i, d.block_ho) == (16, 16) and b["decode_us"] <= b["decode_bf16_tiles_us"]
-    assert any("decode int8-group128" in s for s in logs)
-    whole = quant_search.quant_steps(DecodeConfig(), 4, 2)[-1](DecodeConfig())  # the last step: whole tiles
-    assert [(c.block_i, c.block_h, c.block_ho, c.block_id, c.num_stages) for c in whole] == \
-        [(16, 64, 16, 64, 3), (32, 32, 16, 32, 3)]
-    assert any("int8-channel: decode for T ≤ 2, grouped GEMM above" in s for s in logs)
-    jobs = compile_jobs(["tiny"], (2, 8, 128), cpu, ("int8-channel",))
-    assert {(j[1], j[2]) for j in jobs} == {(2, "decode:int8-channel"), (8, "decode:int8-channel")}
-
-
-def test_w8a8_grouped_search_on_the_interpreter(small_space, monkeypatch):
-    """--quant with an fp8 scheme: also its w8a8 entry: decode tiles on fp8 activations (16-row tiles,
-    three launches) and the w8a8 grouped tiles from QUANT_GROUPED_MIN_T, up and down each the cheapest
-    by the fake price, on the default's block_m; the launcher reads them near T only."""
-    monkeypatch.setattr(quant_search, "QUANT_GEMM", {"up": ((32, 32, 4, 1, 1), (16, 32, 4, 2, 1)),
-                                                     "down": ((32, 16, 4, 1, 1), (16, 32, 4, 1, 1))})
-    cpu = torch.device("cpu")
-    entries = tune_preset("tiny", (2, 128, 256), cpu, torch.float32, timer=fake_us, log=lambda s: None,
-                          schemes=("fp8-channel", "int8-channel"))
-    key = tables.shape_key(8, 64, 32, 2, "float32+fp8-channel+w8a8")
-    assert set(entries) == {key} | {tables.shape_key(8, 64, 32, 2, f"float32+{q}")
-                                    for q in ("fp8-channel", "int8-channel")}  # int8: no w8a8
-    e = entries[key]
-    assert set(e["buckets"]) == {"2", "128", "256"} and "crossover" not in e  # no grouped time at T=2
-    d = DecodeConfig(**e["buckets"]["2"]["decode"])
-    assert d.block_m == 16 and d.fused == 0 and min(d.block_h, d.block_id) >= 32  # fit_w8a8
-    tiny = (128, 2, 8, 64, 32)
-    bm = tiles.resolve("up", tiny, torch.float32, cpu, scheme="fp8-channel+w8a8", table=False).config.block_m
-    for b in (e["buckets"][T] for T in ("128", "256")):
-        up, down = GemmConfig(**b["up"]), GemmConfig(**b["down"])
-        assert up.block_m == down.block_m == bm and b["grouped_us"] <= b["grouped_default_us"]
-        assert (up.block_n, up.num_stages, down.block_n) == (32, 1, 32)  # the fake price's cheapest
-    def pair(T):  # what tiles.resolve("grouped", scheme=...) reads from the device's table
-        up, down = tiles.tuned(e, T, "up", within=1), tiles.tuned(e, T, "down", within=1)
-        return (up, down) if up is not None and down is not None else None
-
-    assert pair(200) == (GemmConfig(**e["buckets"]["256"]["up"]), GemmConfig(**e["buckets"]["256"]["down"]))
-    assert pair(64) is not None and pair(16) is None  # 2× away at most
-    jobs = compile_jobs(["tiny"], (2, 128), cpu, ("fp8-channel",))
-    w8a8 = {(2, "decode:fp8-channel+w8a8"), (16, "up:fp8-channel"), (16, "down:fp8-channel")}
-    assert {(j[1], j[2]) for j in jobs} == {(2, "decode:fp8-channel")} | w8a8
-    assert {(j[1], j[2]) for j in compile_jobs(["tiny"], (2, 128), cpu, ("fp8-channel+w8a8",))} == w8a8
-
-
-def test_w8a8_spaces_fit_and_hold_the_default(monkeypatch):
-    """On an H200's shared memory: every w8a8 candidate fits (block scales: twice the accumulators,
-    K steps of 128 only), and each space holds the launcher's default for 128-row blocks."""
-    from dispatch import runtime
-    from dispatch.kernels import tile_rules
-
-    monkeypatch.setattr(runtime, "max_shared_bytes", lambda dev=None: 227 * 1024)
-    monkeypatch.setattr(tile_rules, "interpreting", lambda dev: False)
-    monkeypatch.setattr(tile_rules, "pick_block_m", lambda rows, E, dev: 128)
-    cpu = torch.device("cpu")
-    for late in (True, False):  # fp8-channel: one scale a row (late); fp8-block128: per 128 columns
-        scheme = "fp8-channel+w8a8" if late else "fp8-block128+w8a8"
-        base = tiles.resolve("up", (4096, 8, 64, 2048, 1024), torch.bfloat16, cpu, scheme=scheme, table=False).config
-        for kind, n_b in (("up", 2), ("down", 1)):
-            space = quant_search.quant_gemm_space(kind, base, cpu, late)
-            assert len(space) >= 4 and base in space and all(c.block_m == 128 for c in space)
-            assert all(tiles.fits_registers(c, n_b * (1 if late else 2)) for c in space)
-            assert all(tiles.shared_bytes(c, n_b, elt=1) <= 227 * 1024 - tiles.HEADROOM for c in space)
-            assert late or all(c.block_k == 128 for c in space)
 
 
 def test_a_partial_run_merges_into_the_entry_bucket_by_bucket():
@@ -349,183 +251,3 @@ def test_split_items_are_tried_at_few_tokens_and_kept_only_when_faster(small_spa
         d = search.tune_decode("tiny", 2, case, torch.device("cpu"),
                                lambda fn, c, bonus=bonus: fake_us(fn, c) + bonus * c.split, log=lambda s: None)
         assert DecodeConfig(**d["decode"]).split == (bonus < 0)
-
-
-@pytest.fixture
-def tiny_table(small_space, monkeypatch):
-    """A table with the tiny presets' decode entries (routed, shared riding along as n = 2 experts, int8)."""
-    from dispatch.config import PRESETS, MoEConfig
-
-    monkeypatch.setitem(PRESETS, "tiny-shared", MoEConfig(64, 32, 8, 2, shared_intermediate_size=64,
-                                                           shared_gate=False))
-    d = tiles.as_dict(tiles.INTERPRET_DECODE)
-    routed = {"2": {"decode": d, "decode_us": 100.0, "decode_shared_us": 100.0, "shared_us": 1.0},
-              "8": {"decode": d, "decode_us": 100.0, "grouped_us": 90.0}}  # grouped wins at 8 until decode is faster
-    return {"entries": {
-        tables.shape_key(8, 64, 32, 2, torch.float32): {"crossover": 2, "buckets": routed},
-        tables.shape_key(10, 64, 32, 4, torch.float32): {"buckets": {"2": {"decode": d, "decode_us": 100.0}}},
-        tables.shape_key(8, 64, 32, 2, "torch.float32+int8-channel"): {"buckets": {"2": {"decode": d}}}}}
-
-
-def test_refine_moves_a_bucket_to_one_launch_only_where_faster(tiny_table, monkeypatch):
-    """--refine: from each decode bucket's config, the one-launch step; a faster candidate replaces it
-    (decode_us scaled by the measured ratio, the raw times kept), a slower one does not; the crossover is
-    recomputed and the shared-expert entry's times reach the routed entry's buckets."""
-    from dispatch.tune import refine
-
-    cpu = torch.device("cpu")
-    price = lambda fn, c: (fn(), 100.0 - 60.0 * (c.fused > 0) * (c.programs == 16))[1]  # noqa: E731
-    jobs = refine.compile_jobs(["tiny", "tiny-shared"], tiny_table, torch.float32)
-    assert {(n, T, k) for n, T, k, _ in jobs} >= {("tiny", 2, "decode"), ("tiny-shared", 2, "decode"),
-                                                  ("tiny-shared", 2, "decode_shared")}
-    assert {k for *_, k, _ in refine.compile_jobs(["tiny"], tiny_table, torch.float32, ("int8-channel",))} \
-        == {"decode:int8-channel"}  # --quant: those schemes' entries instead
-    assert {T for _, T, *_ in jobs} == {2, 8}
-    for *_, cands in jobs:  # the start in one launch, the down step's tiles (three launches), split items' tiles
-        assert cands[0].fused == 1 and {(c.block_ho, c.block_id) for c in cands[1:] if not c.split} \
-            == set(search.DECODE_DOWN)
-        assert {(c.block_i, c.block_ho) for c in cands if c.split} == set(search.SPLIT_TILES)  # T = 2, 8 ≤ 16
-    assert {T for _, T, *_ in refine.compile_jobs(["tiny"], tiny_table, torch.float32, tokens={8})} == {8}
-    for name, schemes in (("tiny", ("int8-channel",)), ("tiny", ()), ("tiny-shared", ())):
-        out = refine.refine_preset(name, tiny_table, cpu, torch.float32, schemes, timer=price, log=lambda s: None)
-        assert len(out) == (1 if schemes else 2 if name == "tiny-shared" else 1)  # int8; routed (+ shared)
-        for key, e in out.items():
-            for T, b in e["buckets"].items():
-                if "decode" in b:
-                    d = DecodeConfig(**b["decode"])
-                    assert d.fused > 0 and d.programs == 16
-                    assert (b["refined_us"], b["refined_from_us"]) == (40.0, 100.0)
-                    tuned_us = tiny_table["entries"][key]["buckets"][T].get("decode_us", 100.0)
-                    assert b["decode_us"] == pytest.approx(tuned_us * 0.4)  # the tuning run's time × this run's ratio
-                    assert key in tiny_table["entries"]  # only entries the table has
-        if name == "tiny-shared":
-            routed = out[tables.shape_key(8, 64, 32, 2, torch.float32)]
-            assert all(b["decode_shared_us"] == 40.0 for b in routed["buckets"].values() if "decode_shared_us" in b)
-            assert routed["crossover"] == 8  # decode at 8 tokens now 40 µs in the tuning run's frame: under 90
-    slower = refine.refine_preset("tiny", tiny_table, cpu, torch.float32, timer=lambda fn, c: (fn(), 50.0 + c.fused)[1],
-                                  log=lambda s: None)
-    for e in slower.values():
-        for b in e["buckets"].values():
-            assert "decode" not in b or DecodeConfig(**b["decode"]).fused == 0
-
-
-def test_refine_moves_few_token_buckets_to_split_items_where_faster(tiny_table):
-    """--refine at T ≤ SPLIT_MAX_T ends with the split steps: split items priced faster replace the
-    bucket's config (checked within tolerance of the chain, not bitwise)."""
-    from dispatch.tune import refine
-
-    price = lambda fn, c: (fn(), 100.0 - 50.0 * c.split)[1]  # noqa: E731
-    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, timer=price,
-                               log=lambda s: None)
-    buckets = out[tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]
-    assert {T for T, b in buckets.items() if "decode" in b} == {"2", "8"}
-    for b in (b for b in buckets.values() if "decode" in b):
-        assert DecodeConfig(**b["decode"]).split == 1 and b["refined_us"] == 50.0
-
-
-def test_refine_takes_faster_down_tiles_then_one_launch(tiny_table):
-    """The down step first: a faster down tile (within tolerance of the start) replaces the start's, and
-    the one-launch step then starts from it; ``tokens`` leaves the other buckets as they were."""
-    from dispatch.tune import refine
-
-    wide = search.DECODE_DOWN[-1]
-
-    def price(fn, c):
-        fn()
-        return 100.0 - 30.0 * ((c.block_ho, c.block_id) == wide) - 20.0 * (c.fused > 0)
-
-    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, timer=price,
-                               log=lambda s: None, tokens={2})
-    b = out[tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]
-    d = DecodeConfig(**b["2"]["decode"])
-    assert (d.block_ho, d.block_id) == wide and d.fused > 0 and b["2"]["refined_us"] == 50.0
-    assert b["8"] == tiny_table["entries"][tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]["8"]
-
-
-def test_refine_drops_down_tiles_that_fail_or_stray(tiny_table, monkeypatch):
-    """A down candidate that does not compile (too much shared memory) or strays beyond the tolerance is
-    dropped, loudly, as in a full descent; the rest of the bucket is refined."""
-    from dispatch.tune import refine
-
-    real, logs = refine.moe_decode, []
-    wide, stray = (32, 16), (16, 16)  # the start has (16, 32)
-    monkeypatch.setattr(search, "DECODE_DOWN", ((16, 32), wide, stray))
-
-    def flaky(*a, config, **kw):
-        if (config.block_ho, config.block_id) == wide:
-            raise RuntimeError("out of resource: shared memory")
-        y = real(*a, config=config, **kw)
-        return y * 1.5 if (config.block_ho, config.block_id) == stray else y
-
-    monkeypatch.setattr(refine, "moe_decode", flaky)
-    fast = lambda fn, c: (fn(), 10.0 if (c.block_ho, c.block_id) in (wide, stray) else 50.0)[1]  # noqa: E731
-    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, log=logs.append, timer=fast)
-    d = DecodeConfig(**out[tables.shape_key(8, 64, 32, 2, torch.float32)]["buckets"]["2"]["decode"])
-    assert (d.block_ho, d.block_id) not in (wide, stray)
-    assert any("failed (out of resource" in s for s in logs) and any("wrong (rel err" in s for s in logs)
-
-
-@pytest.mark.parametrize("scheme", ["int8-channel", "fp8-channel+w8a8"])
-def test_refine_gives_a_quantized_entry_its_crossover(tiny_table, scheme):
-    """A quantized entry's grouped time is measured beside its decode time from GROUPED_MIN_T tokens;
-    the crossover is where the grouped GEMM first wins, on this run's two times. On fp8 activations
-    ('+w8a8') both paths run w8a8 and every candidate keeps fit_w8a8's form (no one launch)."""
-    from dispatch.tune import refine
-
-    w8a8 = scheme.endswith("+w8a8")
-    key = tables.shape_key(8, 64, 32, 2, f"torch.float32+{scheme}")
-    d = tiles.as_dict(tiles.INTERPRET_DECODE)
-    tiny_table["entries"][key] = {"buckets": {"2": {"decode": d}, "8": {"decode": d}, "32": {"decode": d}}}
-    seen = []
-
-    def price(fn, c):
-        fn()
-        seen.append(c)
-        return 60.0 if c == ("grouped", scheme.removesuffix("+w8a8"), w8a8) else 80.0  # grouped wins from 8
-
-    out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, (scheme,),
-                               timer=price, log=lambda s: None)
-    e = out[key]
-    assert e["crossover"] == 2 and "grouped_us" not in e["buckets"]["2"]
-    assert e["buckets"]["8"]["grouped_us"] == 60.0 and e["buckets"]["8"]["decode_us"] == 80.0
-    if w8a8:
-        assert all(c.fused == 0 and c.block_id <= 128 for c in seen if isinstance(c, DecodeConfig))
-
-
-def test_refine_refuses_a_one_launch_that_is_not_bitwise(tiny_table, monkeypatch):
-    from dispatch.tune import refine
-
-    real = refine.moe_decode
-
-    def off_by_a_bit(*a, config, **kw):
-        y = real(*a, config=config, **kw)
-        return y + 1e-6 if config.fused else y
-
-    monkeypatch.setattr(refine, "moe_decode", off_by_a_bit)
-    with pytest.raises(AssertionError, match="not bitwise"):
-        refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, timer=fake_us, log=lambda s: None)
-
-
-def test_refine_tries_whole_tiles_on_quantized_entries_only(tiny_table, monkeypatch):
-    """--refine --quant: after the down step, the whole tiles of QUANT_TILES (3 stages), kept where
-    faster (within tolerance of the start); a bf16 entry's refine never tries them."""
-    from dispatch.tune import refine
-
-    whole = (32, 32, 16, 32)  # (block_i, block_h, block_ho, block_id); the start has (16, 32, 16, 32)
-    monkeypatch.setattr(quant_search, "QUANT_TILES", (whole,))
-
-    def price(fn, c):
-        fn()
-        return 100.0 - 40.0 * ((c.block_i, c.block_h, c.block_ho, c.block_id) == whole)
-
-    for schemes, dt in ((("int8-channel",), "torch.float32+int8-channel"), ((), torch.float32)):
-        out = refine.refine_preset("tiny", tiny_table, torch.device("cpu"), torch.float32, schemes, timer=price,
-                                   log=lambda s: None, tokens={2})
-        b = out[tables.shape_key(8, 64, 32, 2, dt)]["buckets"]["2"]
-        d = DecodeConfig(**b["decode"])
-        took = (d.block_i, d.block_h, d.block_ho, d.block_id) == whole
-        assert took == bool(schemes) and b["refined_us"] == (60.0 if schemes else 100.0)
-        assert not took or d.num_stages == 3
-    jobs = refine.compile_jobs(["tiny"], tiny_table, torch.float32, ("int8-channel",))
-    assert jobs and all(any((c.block_i, c.block_h, c.block_ho, c.block_id) == whole for c in cands)
-                        for *_, cands in jobs)

@@ -26,11 +26,17 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GREEDY = SamplingParams()
 
 
-def as_engine_model(model):
-    """The lean forward for the families it covers; transformers' own forward (DeepSeek-V3)."""
-    if getattr(model.config, "model_type", None) == "deepseek_v3":
-        return HFModel(model)
-    return LeanModel.from_hf(model)
+def as_engine_model(model, batch_invariant: bool = False):
+    """The lean forward for the families it covers; transformers' own forward (DeepSeek-V3).
+    ``batch_invariant``: the lean forward in batch-invariant mode (:mod:`dispatch.engine.invariant`)."""
+    if isinstance(model, HFModel) or getattr(getattr(model, "config", None), "model_type", None) == "deepseek_v3":
+        if batch_invariant:
+            raise ValueError("batch_invariant=True needs the lean forward (OLMoE, Mixtral, Qwen2/3-MoE), "
+                             "not transformers' own (DeepSeek-V3)")
+        return model if isinstance(model, HFModel) else HFModel(model)
+    if isinstance(model, LeanModel):
+        return model.with_batch_invariance(True) if batch_invariant else model
+    return LeanModel.from_hf(model, batch_invariant=batch_invariant)
 
 
 def bucket(batch: int) -> int:
@@ -66,13 +72,18 @@ class Generation:
 
 class Engine:
     """Batch 1–256 generation over a :class:`LeanModel` (built from a transformers model if given one;
-    DeepSeek-V3 runs transformers' own forward: :class:`dispatch.engine.hfmodel.HFModel`)."""
+    DeepSeek-V3 runs transformers' own forward: :class:`dispatch.engine.hfmodel.HFModel`).
+    ``batch_invariant``: every decode step in batch-invariant mode (a row's tokens do not depend on
+    the other rows or the bucket; chapter 9)."""
 
-    def __init__(self, model, *, max_batch: int = 1, max_seq: int = 512, graphs: bool | None = None):
-        self.model = model if isinstance(model, (LeanModel, HFModel)) else as_engine_model(model)
+    def __init__(self, model, *, max_batch: int = 1, max_seq: int = 512, graphs: bool | None = None,
+                 batch_invariant: bool = False):
+        if not isinstance(max_batch, int) or not 1 <= max_batch <= BUCKETS[-1]:
+            raise ValueError(f"max_batch must be an int in 1..{BUCKETS[-1]} (rows at once), got {max_batch!r}")
+        if not isinstance(max_seq, int) or max_seq < 2:
+            raise ValueError(f"max_seq must be an int >= 2 (prompt + new tokens), got {max_seq!r}")
+        self.model = as_engine_model(model, batch_invariant)
         self.dev = self.model.device
-        if max_seq < 2:
-            raise ValueError(f"max_seq must be >= 2, got {max_seq}")
         window = self.model.cfg.sliding_window
         if window is not None and max_seq > window:
             raise ValueError(f"max_seq={max_seq} exceeds the model's sliding window ({window}): the lean "

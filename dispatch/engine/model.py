@@ -1,9 +1,9 @@
 """A lean decoder forward over a static KV cache, with weights taken from a transformers model.
 
 Why not drive transformers' own modules? A decode step of ``OlmoeForCausalLM`` is hundreds of small
-kernels (mask building, cache bookkeeping, per-projection GEMVs, rotary, norms, casts); captured
-in a CUDA graph it still runs ~3.5 ms at batch 1, of which the experts are ~0.6 ms. This forward
-does only what the math needs, per layer:
+kernels (mask building, cache bookkeeping, per-projection GEMVs, rotary, norms, casts), and even
+captured in a CUDA graph the experts are a small part of its step (chapter 6 profiles both steps
+from its recording). This forward does only what the math needs, per layer:
 
     RMSNorm → one fused QKV GEMV → (q/k norm) → RoPE → write K, V at each row's position
     → SDPA over the static cache (boolean mask: key position ≤ row position) → O proj → residual
@@ -23,10 +23,14 @@ mask tensor); prefill keeps cuBLAS and SDPA. On sm_90+ the step's Triton kernels
 router GEMV and the decode experts) launch with programmatic dependent launch (:mod:`dispatch.kernels.pdl`):
 each one is scheduled while the one before it drains, so their launches and ramp-ups overlap.
 With ``fused_moe=True``, an MoE layer at batch 1 whose routing family has the "fused_router" fast
-path (:mod:`dispatch.families`: softmax) runs router + top-K as one kernel
-and the experts as two (:mod:`dispatch.kernels.fused_moe`). Off by default: measured on an H200 it
-was slower than the library's three decode launches (501 vs 719 tokens/s at batch 1): its down
-kernel gives OLMoE's layer half the programs, too few to stream the weights at full bandwidth.
+path (:mod:`dispatch.families`: softmax) runs router + top-K as one kernel and the experts as two
+(:mod:`dispatch.kernels.fused_moe`). Off by default: its down kernel gives OLMoE's layer half the
+programs of the library's three decode launches, too few to keep every SM streaming weights
+(chapter 6 counts them).
+With ``batch_invariant`` (chapter 9), every decode and verify step runs the kernels of
+:mod:`dispatch.engine.invariant`: a row's logits are the same bits whatever the rows in the step.
+A non-prefill step may carry S > 1 consecutive tokens per row (a verify step): token s of row b sits
+at ``pos_BS[b, s]`` and attends to the keys up to it.
 Weights are shared with the transformers model (no copies) except the fused QKV matrix.
 Quantized experts (a model passed through ``dispatch.quant.swap_experts``): :mod:`dispatch.engine.quant`.
 Cache: ``k_LBSkD`` / ``v_LBSkD`` [L, B, S, kv, D]; rows of a batch may sit at different positions.
@@ -40,6 +44,7 @@ import torch.nn.functional as F
 
 from dispatch import activations, families
 from dispatch.config import MoEConfig, MoEWeights
+from dispatch.engine import invariant as invariant_ops
 from dispatch.engine.quant import QuantLayer, quantized_layer
 from dispatch.kernels.attention import decode_attention
 from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
@@ -69,18 +74,21 @@ class LeanModel(torch.nn.Module):
 
     def __init__(self, cfg: LeanConfig, layers: list[dict], embed, norm, lm_head, inv_freq, rope_scale,
                  moe_cfgs: list[MoEConfig | None], moe_path: str, fused: bool, fused_moe: bool = False,
-                 decode_kernels: bool | None = None):
+                 decode_kernels: bool | None = None, batch_invariant: bool = False):
         super().__init__()
+        if batch_invariant and any("quant" in d for d in layers):
+            raise ValueError("batch_invariant=True covers unquantized experts; this model has quantized layers")
         self.cfg, self.layers, self.moe_cfgs, self.moe_path = cfg, layers, moe_cfgs, moe_path
-        self.fused, self.fused_moe = fused, fused and fused_moe
+        self.fused, self.fused_moe = fused or batch_invariant, fused and fused_moe
         self.decode_kernels = fused if decode_kernels is None else decode_kernels
+        self.batch_invariant = batch_invariant
         self.embed, self.norm, self.lm_head = embed, norm, lm_head
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
 
     @classmethod
     def from_hf(cls, model, *, moe_path: str | None = None, fused: bool | None = None,
                 fused_moe: bool = False, quantized: dict | None = None,
-                decode_kernels: bool | None = None) -> "LeanModel":
+                decode_kernels: bool | None = None, batch_invariant: bool = False) -> "LeanModel":
         """From an ``*ForCausalLM`` of a family in :data:`FAMILIES` (weights shared, QKV fused).
 
         ``moe_path``: the :func:`dispatch.moe` path; default "auto" on CUDA (decode kernels for
@@ -89,7 +97,9 @@ class LeanModel(torch.nn.Module):
         ``fused_moe``: at batch 1, :mod:`dispatch.kernels.fused_moe` (needs ``fused``; off: slower).
         ``decode_kernels``: the decode step's GEMV and attention kernels (default: as ``fused``).
         ``quantized``: {layer index: QuantizedExperts} (``dispatch.quant.quantize_model``) to run those
-        layers' experts on (the transformers model is left as it is)."""
+        layers' experts on (the transformers model is left as it is).
+        ``batch_invariant``: decode and verify steps through :mod:`dispatch.engine.invariant` (implies
+        the fused glue; on CPU every kernel runs under Triton's interpreter)."""
         from dispatch.hf import config_from_hf, weights_from_hf
 
         c = model.config
@@ -143,7 +153,7 @@ class LeanModel(torch.nn.Module):
             raise ValueError(f"quantized layers {sorted(quantized)} are not MoE layers of this model")
         return cls(cfg, layers, base.embed_tokens.weight, base.norm.weight, model.lm_head.weight,
                    rope.inv_freq.float().contiguous(), float(getattr(rope, "attention_scaling", 1.0)), moe_cfgs,
-                   moe_path, fused, fused_moe, decode_kernels)
+                   moe_path, fused, fused_moe, decode_kernels, batch_invariant)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -153,6 +163,14 @@ class LeanModel(torch.nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
+    def with_batch_invariance(self, on: bool = True) -> "LeanModel":
+        """This model (``on`` already its mode) or a copy in the other mode, sharing every weight."""
+        if on == self.batch_invariant:
+            return self
+        c = self
+        return LeanModel(c.cfg, c.layers, c.embed, c.norm, c.lm_head, c.inv_freq, c.rope_scale, c.moe_cfgs,
+                         c.moe_path, c.fused, c.fused_moe, c.decode_kernels, on)
+
     def new_cache(self, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed K and V caches [L, B, S, kv, D] in the model's dtype and device."""
         c = self.cfg
@@ -160,8 +178,11 @@ class LeanModel(torch.nn.Module):
         return (torch.zeros(shape, dtype=self.dtype, device=self.device),
                 torch.zeros(shape, dtype=self.dtype, device=self.device))
 
-    def _mlp(self, i: int, x_TH):
+    def _mlp(self, i: int, x_TH, invariant: bool = False):
         d = self.layers[i]
+        if invariant:
+            return invariant_ops.dense_mlp(x_TH, *d["mlp"], self.cfg.activation) if "mlp" in d else \
+                invariant_ops.moe_layer(x_TH, self.moe_cfgs[i], d["moe"])
         if "quant" in d:
             return d["quant"](x_TH, self.moe_path)
         if "mlp" in d:
@@ -183,28 +204,32 @@ class LeanModel(torch.nn.Module):
 
     def forward(self, ids_BS: torch.Tensor, pos_BS: torch.Tensor, cache, *, prefill: bool) -> torch.Tensor:
         """Logits [B, S, V]. ``prefill``: the cache is empty and ``pos_BS`` is 0..S-1 in every row
-        (causal attention over the S new tokens, K/V stored at 0..S-1); else S = 1 and row b
-        stores at, and attends to positions ≤, ``pos_BS[b, 0]``."""
+        (causal attention over the S new tokens, K/V stored at 0..S-1); else token s of row b
+        stores at, and attends to positions ≤, ``pos_BS[b, s]`` (S = 1: a decode step; S = k+1
+        consecutive positions: a verify step)."""
         c = self.cfg
         B, S = ids_BS.shape
         add_norm, qk = (add_rms, qk_rope) if self.fused else (add_rms_torch, qk_rope_torch)
-        small = self.decode_kernels and not prefill  # the decode step's own kernels
-        lin = linear_small if small and B * S <= MAX_ROWS else F.linear
+        inv = self.batch_invariant and not prefill
+        small = (self.decode_kernels or inv) and not prefill  # the decode step's own kernels
+        lin = invariant_ops.linear if inv else linear_small if small and B * S <= MAX_ROWS else F.linear
+        splits = invariant_ops.attention_splits(k_cache_len(cache), c.num_kv_heads, self.device) if inv else None
         k_cache, v_cache = cache
         x = F.embedding(ids_BS.reshape(-1), self.embed)  # the residual stream [T, H], updated in place
         pos_T = pos_BS.reshape(-1)
         gqa = c.num_kv_heads != c.num_heads
         if not prefill and not small:
             keys = torch.arange(k_cache.shape[2], device=x.device)
-            mask = (keys[None, :] <= pos_BS[:, :1])[:, None, None, :]  # [B, 1, 1, S_cache]
+            mask = (keys[None, None, :] <= pos_BS[:, :, None])[:, None]  # [B, 1, S, S_cache]
         delta = None
         for i, d in enumerate(self.layers):
             h = add_norm(x, delta, d["in_norm"], c.eps)
             qkv = lin(h, d["qkv"], d.get("qkv_bias"))
             q = qk(qkv, pos_T, S, d.get("q_norm"), d.get("k_norm"), c.qk_norm, self.inv_freq, self.rope_scale, c.eps,
                    k_cache[i], v_cache[i], c.num_heads)
-            if small:  # one new token per row: attend to the row's cache up to its position
-                o = decode_attention(q.view(B, c.num_heads, c.head_dim), k_cache[i], v_cache[i], pos_BS[:, 0])
+            if small:  # S new tokens per row, each attends to the row's cache up to its own position
+                o = decode_attention(q.view(B * S, c.num_heads, c.head_dim), k_cache[i], v_cache[i], pos_T,
+                                     splits=splits, queries_per_row=S)
             else:
                 q = q.view(B, S, c.num_heads, c.head_dim).transpose(1, 2)
                 k, v = k_cache[i, :B].transpose(1, 2), v_cache[i, :B].transpose(1, 2)
@@ -216,8 +241,13 @@ class LeanModel(torch.nn.Module):
                 o = o.transpose(1, 2)
             a = lin(o.reshape(B * S, -1), d["o"])
             h = add_norm(x, a, d["post_norm"], c.eps)
-            delta = self._mlp(i, h)
+            delta = self._mlp(i, h, inv)
         return lin(add_norm(x, delta, self.norm, c.eps), self.lm_head).view(B, S, -1)
+
+
+def k_cache_len(cache) -> int:
+    """Positions S of a [L, B, S, kv, D] cache pair."""
+    return cache[0].shape[2]
 
 
 def moe_weights(model: LeanModel) -> list[MoEWeights]:

@@ -23,6 +23,12 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"SamplingParams.{name} must be a number, got {v!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"SamplingParams.seed must be an int, got {self.seed!r}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
@@ -45,6 +51,25 @@ def sample(logits_BV: torch.Tensor, temperature: torch.Tensor | None = None, top
     race_BV = torch.empty_like(kept_BV).exponential_(generator=generator)
     pick_B1 = (kept_BV / race_BV).argmax(dim=-1, keepdim=True)
     return order_BV.gather(-1, pick_B1)[:, 0]
+
+
+def sampling_probs(logits_NV: torch.Tensor, temperature: torch.Tensor | float, top_p: torch.Tensor | float
+                   ) -> torch.Tensor:
+    """The distribution :func:`sample` draws from, fp32 [N, V] in vocabulary order: softmax of the
+    logits over ``temperature``, cut to the top-p set (the same rule: a token is kept while the mass
+    of the more likely tokens is below ``top_p``) and renormalised. No host sync."""
+    probs_NV = torch.softmax(logits_NV.float() / temperature, dim=-1)
+    sorted_NV, order_NV = probs_NV.sort(dim=-1, descending=True)
+    kept_NV = sorted_NV.masked_fill(sorted_NV.cumsum(dim=-1) - sorted_NV >= top_p, 0.0)
+    kept_NV = kept_NV / kept_NV.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(kept_NV).scatter_(-1, order_NV, kept_NV)
+
+
+def draw(weights_NV: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row from non-negative (unnormalised) weights, by the exponential race
+    ``argmax(w / e)``, e ~ Exp(1): token i with probability w_i / Σw, no host sync. int64 [N]."""
+    race_NV = torch.empty_like(weights_NV, dtype=torch.float32).exponential_(generator=generator)
+    return (weights_NV.float() / race_NV).argmax(dim=-1)
 
 
 def sample_torch(logits_BV: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:

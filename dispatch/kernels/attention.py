@@ -7,6 +7,10 @@ heads per kv head · D head dim. Query head h reads kv head h // G (grouped-quer
         row b attends to keys 0..pos_B[b] of k_BSKD[b] / v_BSKD[b] (its own token is already stored
         at pos_B[b]); caches may hold more rows than q (rows 0..B-1 are used) and any strides but a
         contiguous last dim, e.g. one layer of the engine's [L, B_max, S, KV, D] cache
+    decode_attention(q, k, v, pos, queries_per_row=Q)
+        Q query tokens per cache row (a verify step of chapter 9: k+1 tokens of a sequence): query r
+        reads cache row r // Q and attends to keys 0..pos[r]; each query is computed exactly as if it
+        were alone in a decode step (same program, same key chunks), so its bits are the same
 
     grid (B, KV, SPLITS): program (b, kv, s) takes the G query heads of kv head kv, keys
     [s·CHUNK, min((s+1)·CHUNK, pos_B[b] + 1)) in BLOCK_S steps, online softmax in fp32
@@ -50,7 +54,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, S, NH, G, CHUNK, SPLITS,
+def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, S, NH, G, CHUNK, SPLITS, QPR,
                         qk_scale, s_qb, s_qh, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk, s_pos, D: tl.constexpr,
                         BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr, PARTIALS: tl.constexpr,
                         PDL: tl.constexpr):
@@ -69,8 +73,8 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_p
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max of scores·log2(e)
     l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_G, D], tl.float32)  # running sum of exp2(score - m_i) · v
-    k_row = k_ptr + b * s_kb + kv * s_kk
-    v_row = v_ptr + b * s_vb + kv * s_vk
+    k_row = k_ptr + (b // QPR) * s_kb + kv * s_kk  # QPR queries share a cache row (1: one each)
+    v_row = v_ptr + (b // QPR) * s_vb + kv * s_vk
     for s0 in range(start, end, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         sm = s < end
@@ -127,7 +131,7 @@ def _plan(S: int, splits: int, D: int) -> tuple[int, int, int]:
     return triton.cdiv(S, chunk), chunk, block_s
 
 
-def _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, splits) -> tuple[int, int, int, int, int]:
+def _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, splits, Q: int = 1) -> tuple[int, int, int, int, int]:
     """Validate the inputs of :func:`decode_attention` (and its twin); returns (B, NH, S, KV, D)."""
     for name, t, dims in (("q_BHD", q_BHD, 3), ("k_BSKD", k_BSKD, 4), ("v_BSKD", v_BSKD, 4), ("pos_B", pos_B, 1)):
         check_tensor(name, t, dims=dims)
@@ -145,9 +149,11 @@ def _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, splits) -> tuple[int, int, int, 
                          f"got q {tuple(q_BHD.shape)}, k {tuple(k_BSKD.shape)}")
     if NH < 1 or NH % KV:
         raise ValueError(f"the query heads NH={NH} must be a positive multiple of the kv heads KV={KV}")
-    if Bc < B or S < 1:
-        raise ValueError(f"k/v [B_max, S, KV, D] need B_max >= q's B={B} rows and S >= 1 keys, got "
-                         f"{tuple(k_BSKD.shape)}")
+    if isinstance(Q, bool) or not isinstance(Q, int) or Q < 1 or B % Q:
+        raise ValueError(f"queries_per_row must be a positive int dividing q's B={B} rows, got {Q!r}")
+    if Bc < B // Q or S < 1:
+        raise ValueError(f"k/v [B_max, S, KV, D] need B_max >= q's B={B} rows / queries_per_row={Q} and S >= 1 "
+                         f"keys, got {tuple(k_BSKD.shape)}")
     if q_BHD.stride(2) != 1 or k_BSKD.stride(3) != 1 or v_BSKD.stride(3) != 1:
         raise ValueError("q, k and v must have a contiguous last (D) dim")
     if pos_B.dtype not in (torch.int32, torch.int64) or tuple(pos_B.shape) != (B,):
@@ -163,7 +169,8 @@ def _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, splits) -> tuple[int, int, int, 
 
 
 def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Tensor, pos_B: torch.Tensor,
-                     scale: float | None = None, *, splits: int | None = None) -> torch.Tensor:
+                     scale: float | None = None, *, splits: int | None = None,
+                     queries_per_row: int = 1) -> torch.Tensor:
     """softmax(q·kᵀ·scale over keys 0..pos_B[b]) · v for one query token per row → o_BHD in q's dtype.
 
     Args:
@@ -172,9 +179,10 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
         pos_B: [B] int32/int64 (any stride), each in [0, S): row b attends to keys 0..pos_B[b] inclusive.
         scale: score scale, default 1/sqrt(D).
         splits: key-range splits (at most this many; default :func:`num_splits` of S and B·KV).
+        queries_per_row: Q query rows per cache row: query r reads cache row r // Q (B a multiple of Q).
     Returns: o_BHD [B, NH, D] (contiguous). One launch, two when split; no host sync on CUDA.
     """
-    B, NH, S, KV, D = _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, splits)
+    B, NH, S, KV, D = _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, splits, queries_per_row)
     check_launch("decode_attention", q_BHD)
     o_BHD = torch.empty(B, NH, D, dtype=q_BHD.dtype, device=q_BHD.device)
     if B == 0:
@@ -190,8 +198,8 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
     # K and V tiles in flight: 3 stages where they fit in shared memory (bf16 on sm_80+), else 2
     stages = 3 if 3 * 2 * BLOCK_S * D * q_BHD.element_size() <= runtime.max_shared_bytes(q_BHD.device) else 2
     _decode_attn_kernel[(B, KV, SPLITS)](
-        q_BHD, k_BSKD, v_BSKD, pos_B, o_BHD, m, l, acc, S, NH, G, CHUNK, SPLITS, qk_scale, q_BHD.stride(0),
-        q_BHD.stride(1), *k_BSKD.stride()[:3], *v_BSKD.stride()[:3], pos_B.stride(0), D=D,
+        q_BHD, k_BSKD, v_BSKD, pos_B, o_BHD, m, l, acc, S, NH, G, CHUNK, SPLITS, queries_per_row, qk_scale,
+        q_BHD.stride(0), q_BHD.stride(1), *k_BSKD.stride()[:3], *v_BSKD.stride()[:3], pos_B.stride(0), D=D,
         BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S, PARTIALS=SPLITS > 1,
         PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", num_warps=4, num_stages=stages,
         **pdl.launch_kw(q_BHD.device))
@@ -201,12 +209,13 @@ def decode_attention(q_BHD: torch.Tensor, k_BSKD: torch.Tensor, v_BSKD: torch.Te
     return o_BHD
 
 
-def decode_attention_torch(q_BHD, k_BSKD, v_BSKD, pos_B, scale=None) -> torch.Tensor:
+def decode_attention_torch(q_BHD, k_BSKD, v_BSKD, pos_B, scale=None, *, queries_per_row: int = 1) -> torch.Tensor:
     """The twin of :func:`decode_attention`: fp32, an explicit mask (keys 0..pos_B[b]), cast once."""
-    B, NH, S, KV, D = _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, None)
+    B, NH, S, KV, D = _check(q_BHD, k_BSKD, v_BSKD, pos_B, scale, None, queries_per_row)
     keep_BS = torch.arange(S, device=q_BHD.device)[None, :] <= pos_B[:, None]
+    rows = torch.arange(B, device=k_BSKD.device) // queries_per_row  # the cache row of each query
     # keys past pos are zeroed as well as masked: 0 · NaN garbage would still be NaN
-    k, v = (c[:B].float().masked_fill(~keep_BS[:, :, None, None], 0).repeat_interleave(NH // KV, dim=2)
+    k, v = (c[rows].float().masked_fill(~keep_BS[:, :, None, None], 0).repeat_interleave(NH // KV, dim=2)
             for c in (k_BSKD, v_BSKD))
     scores_BHS = torch.einsum("bhd,bshd->bhs", q_BHD.float(), k) * (D ** -0.5 if scale is None else scale)
     p_BHS = torch.softmax(scores_BHS.masked_fill(~keep_BS[:, None, :], float("-inf")), dim=-1)

@@ -7,6 +7,7 @@ same fp32 additions in the same order, so the two agree bit for bit.
 
 With ``ids_TK`` and ``num_experts`` given, a row whose expert id lies outside [0, E) adds nothing:
 its value is never used (it may be unwritten memory), selected away rather than multiplied by 0.
+Without them every row is summed: the public ``grouped_down`` zeroes the rows it computes nowhere.
 The decode path's shared experts (``combine_impl(extra=n)``) add n rows per token after its K, with
 no id to check: token t's rows are t·(K+n) .. t·(K+n)+K+n-1, summed in that order.
 

@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dispatch import runtime
 from dispatch.kernels import pdl
 from dispatch.kernels import trace as trace_rows
 from dispatch.kernels.gemv_kernels import _down_item, _expert_counts, _up_item
@@ -170,6 +171,7 @@ def weight_consts(op) -> dict:
                 D_SBR=d["SBR"], D_SBC=d["SBC"], D_QUANT=d["QUANT"], D_LATE=d["LATE_SCALE"])
 
 
+@runtime.serial_interpreter  # its counters (workspace) are shared by every call on the device
 def fused_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> torch.Tensor:  # noqa: E741
     """y_TH of the chain's items in one launch (inputs checked, T ≥ 1; ``op``:
     :func:`dispatch.kernels.gemv._operands`)."""

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dispatch import runtime
 from dispatch.kernels import decode_fused, pdl
 from dispatch.kernels import trace as trace_rows
 from dispatch.kernels.decode_fused import _wait_for, weight_consts
@@ -175,6 +176,7 @@ def _split_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
     pdl_exit(PDL)
 
 
+@runtime.serial_interpreter  # its counters (decode_fused.workspace) are shared by every call on the device
 def split_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> torch.Tensor:  # noqa: E741
     """y_TH by split items (inputs checked, T ≥ 1; ``op``: :func:`dispatch.kernels.gemv._operands`)."""
     (gu, gs, gs_strides, _), (dn, ds, ds_strides, _) = op.gate_up, op.down

@@ -19,7 +19,7 @@ So the kernels below
 A shared expert of S = n·I columns with no gate (DeepSeek-MoE's) can ride along (``shared=``): n more
 experts, ids E .. E+n-1, that every token chooses with weight 1, read in place from the shared
 weights' own tensors; the combine then sums K + n rows per token. One pass over the routed and the
-shared weights instead of a second, torch-run MLP after the kernels (measured on an H200 in chapter 2).
+shared weights instead of a second, torch-run MLP after the kernels (the kernels race times both).
 
     x_TH ─┐                       h_NI (x dtype)              out_NH (fp32, weighted)
     ids ──┴─ _up_swiglu_kernel ──► rows × I ─ _down_kernel ──► rows × H ─ combine ─► y_TH

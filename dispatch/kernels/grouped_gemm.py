@@ -119,11 +119,13 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
 
 
 def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor, *,
-                 config: GemmConfig | None = None, w8a8: bool = False) -> torch.Tensor:
+                 config: GemmConfig | None = None, w8a8: bool = False, zero_skipped: bool = True) -> torch.Tensor:
     """Down-projection times the routing weight, stored at routed row n = t·K + k: → out_NH.
 
     h_PI [P, I] from :func:`grouped_up_swiglu`, down_EHI [E, H, I], weights_TK [T, K] (any float;
     applied in fp32 to the fp32 accumulator, one cast on store). Quantized weights as there.
+    A row whose id lies outside [0, E) is computed nowhere and is zero (``zero_skipped=False``:
+    left unwritten, one memset less, for callers that combine with ids and time the kernel alone).
     """
     if h_PI.dim() != 2 or len(down_EHI.shape) != 3:
         raise ValueError(f"h must be [P, I] and down [E, H, I], got {tuple(h_PI.shape)} and {tuple(down_EHI.shape)}")
@@ -143,7 +145,7 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
     bm = _check_routes(routes, N, config.block_m if config else None)
     B = routes.block_expert_B.numel()
     wts_N = weights_TK.reshape(-1).float().contiguous()
-    out_NH = torch.empty(N, H, device=h_PI.device, dtype=h_PI.dtype)
+    out_NH = (torch.zeros if zero_skipped else torch.empty)(N, H, device=h_PI.device, dtype=h_PI.dtype)
     w, s, s_strides, quant = weight_operand(down_EHI, w8a8)
     a, a_s, s_as = _activations(h_PI, w8a8, quant, used_blocks_1=routes.num_blocks_1, block_rows=bm)
     args = (a, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
@@ -196,7 +198,7 @@ def _moe_experts_impl(x_TH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torc
                              config=configs).config
     routes = sort_by_expert(ids_TK, E, up.block_m)
     h_PI = grouped_up_swiglu(x_TH, routes, gate_up_E2IH, config=up, activation=activations.by_code(act).name)
-    out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=down)
+    out_NH = grouped_down(h_PI, routes, down_EHI, weights_TK, config=down, zero_skipped=False)
     return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)
 
 

@@ -1,9 +1,9 @@
 """The decode step's glue in two fused kernels (the lean forward's, :mod:`dispatch.engine.model`):
 what otherwise costs ~60 launches per layer.
 
-Measured on an H200 at batch 1 (OLMoE shape, the step captured in a CUDA graph): written with
-torch ops, RMSNorm (8 kernels each, 4 per layer), rotary embedding (~10) and the residual adds
-cost more GPU time than the experts. Fused:
+Written with torch ops, RMSNorm is 8 kernels (4 per layer), rotary embedding ~10, plus the
+residual adds: at batch 1 each is a launch and a ramp for a few KB of work (chapter 6's profile
+times this glue against the experts). Fused:
 
     add_rms(x_TH, d_TH, w_H)   x ← x + d (in place, the residual stream), returns RMSNorm(x)·w
                                one program per row; fp32 statistics, as transformers' RMSNorm

@@ -15,10 +15,10 @@ Every kernel of the decode step takes ``PDL: tl.constexpr`` and calls :func:`pdl
 Where the next kernel is released matters. ``PDL = 1`` releases it at the start (:func:`pdl_enter`):
 right for the short kernels of the step (norms, rope, attention, the GEMVs, routing, the sort's three
 kernels). ``PDL = 2`` (``launch_kw(device, late=True)``) releases it at the end (:func:`pdl_exit`): the
-decode experts kernels and the grouped GEMM's, which run for several waves of programs. Measured on an
-H200 (graph-timed, Mixtral's layer at one token), releasing the decode kernels early made the layer
-~28% slower than plain launches, releasing them late made it no slower and OLMoE's one-token layer ~7%
-faster.
+decode experts kernels and the grouped GEMM's, which run for several waves of programs: released early,
+the next kernel's waiting programs would occupy SM slots that the current kernel's later waves need.
+The kernels race and the end-to-end benchmark time the paths with and without PDL in one run
+(``ours_no_pdl``); chapters 3 and 6 read those recordings.
 
 Off (``PDL=False``, no attribute) on CPU and under the interpreter, before sm_90, on a Triton
 without ``launch_pdl``, with ``DISPATCH_PDL=0`` in the environment, and inside :func:`disabled`

@@ -8,8 +8,8 @@ per row and scale block, and multiplies them in: the same kernels with ``QUANT=T
 tensor cores run in bf16/fp16 (fp32 under the interpreter), and every code is converted in
 registers before its MMA. ``w8a8`` (fp8 codes): x, and h between the two kernels, are quantized
 to fp8 too (``fp8_rows``: one scale per token and 128 columns, whatever the weights' scales: one
-scale per token would leave one program to walk a whole row of h, 14336 columns for Mixtral —
-measured on an H200, 3.5× slower than w8a16 at one token); each 128-column chunk's product is
+scale per token would leave one program to walk a whole row of h, 14336 columns for Mixtral,
+alone, before any down item could start); each 128-column chunk's product is
 scaled by both scales; 16-row tiles only (``tiles.fit_w8a8``), three launches plus the two quantizing
 ones. On sm_89 (Ada) the codes go to fp8 MMAs as they are loaded (``QMMA``); sm_90 (Hopper) has
 fp8 MMAs only in its 64-row warpgroup form, so for these 16-row tiles Triton unpacks both operands

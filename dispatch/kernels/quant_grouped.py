@@ -50,7 +50,7 @@ def moe_experts_quant(x_TH, weights_TK, ids_TK, experts: QuantizedExperts, *, w8
     up, down = quant_configs(T, K, E, H, I, x_TH, experts, w8a8, config)
     routes = sort_by_expert(ids_TK, E, up.block_m)
     h_PI = grouped_up_swiglu(x_TH, routes, experts.gate_up, config=up, w8a8=w8a8, activation=activation)
-    out_NH = grouped_down(h_PI, routes, experts.down, weights_TK, config=down, w8a8=w8a8)
+    out_NH = grouped_down(h_PI, routes, experts.down, weights_TK, config=down, w8a8=w8a8, zero_skipped=False)
     return combine_impl(out_NH, K, ids_TK, E, out_NH.dtype)  # rows with ids outside [0, E): selected away
 
 

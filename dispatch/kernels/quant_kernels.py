@@ -67,8 +67,8 @@ def _e4m3_bf16(q):
     """fp8 e4m3 codes → bf16, exactly, four per 32-bit register, on the integer and FMA pipes.
 
     The hardware path converts e4m3 pairs to fp16 (one packed ``cvt``), then each fp16 to bf16 on its
-    own (a scalar ``F2F`` per code, on a slow unit): measured on an H200, that held fp8 decoding
-    below int8's speed (``results/h200/quant_fp8_convert.json``; chapter 7).
+    own (a scalar ``F2F`` per code, on a slow unit): chapter 7 races the two conversions
+    (``results/h200/quant_fp8_convert.json``).
     Here the code's byte is placed in the high byte of a 16-bit half (``prmt``); its sign is already
     bf16's, its 4 exponent and 3 mantissa bits move right by 4 into bf16's low exponent and high
     mantissa bits, so the half reads as the code's value × 2^-120 (subnormal codes too: they become
@@ -238,10 +238,9 @@ def fp8_rows(a_MK: torch.Tensor, group: int | None = 128, *, used_blocks_1: torc
 
 def weight_first(quant: dict, w8a8: bool) -> bool:
     """Whether the grouped GEMM multiplies weight-first (``WFIRST``): for w8a16 with block scales,
-    where the scales folded into the operand let the MMAs chain. Measured on an H200 at T = 4096
-    (OLMoE): fp8-block128 weight-only 1.40 ms weight-first against 2.15 ms scaling each chunk's
-    product; with one scale per row the plain order chains already and was faster (1.30 against
-    1.50 ms), as it was in the decode kernels (whose tiles are 16 rows: they never use it)."""
+    where the scales folded into the operand let the MMAs chain instead of scaling each chunk's
+    product apart. With one scale per row the plain order chains already (the scale is applied once,
+    after the loop), so there it keeps the plain order, as do the decode kernels (16-row tiles)."""
     return quant["QUANT"] and not w8a8 and not quant["LATE_SCALE"]
 
 

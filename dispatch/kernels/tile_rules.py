@@ -8,6 +8,7 @@
     heuristic_quant_gemm, fit_scheme, fit_w8a8    quantized experts: pinned grouped tiles, chunks inside
                                                   the scale blocks, w8a8's 16-row three-launch form
     heuristic_dense                               the decode step's dense GEMV (``linear_small``)
+    invariant_dense                               its one config of batch-invariant mode, for every M
 
 On Triton's interpreter (CPU tests) every heuristic answers with small fixed tiles (``INTERPRET_*``).
 """
@@ -120,7 +121,11 @@ class DenseGemvConfig:
 # The interpreter runs numpy per program: small tiles keep CPU tests fast. One policy for both families.
 INTERPRET_CONFIG = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
 INTERPRET_DECODE = DecodeConfig(block_i=16, block_h=32, block_ho=16, block_id=32, num_stages=1)
-# Decode heuristics (measured on an H200, 132 SMs): thin tiles and many programs while few experts are
+# Batch-invariant mode under the interpreter: wide tiles (a whole expert of the small CPU model in one
+# item), as few programs and interpreted ops as possible; one config for every T, so row-invariant.
+INVARIANT_INTERPRET_DECODE = DecodeConfig(block_m=16, block_i=64, block_h=128, block_ho=128, block_id=64,
+                                          num_stages=1)
+# Decode heuristics: thin tiles and many programs while few experts are
 # used; wider tiles and 2 programs per SM once the used experts alone give several waves of tiles.
 # On another GPU the grid scales with its SMs (8 and 2 per SM): a grid of whole waves.
 FEW_EXPERTS = DecodeConfig(block_i=32, block_h=256, block_ho=32, block_id=128, num_stages=3, programs=1056)
@@ -151,8 +156,8 @@ def shared_bytes(cfg, n_b_tiles: int = 1, elt: int = 2) -> int:
 
 
 def fits_registers(cfg: GemmConfig, n_b_tiles: int) -> bool:
-    """fp32 accumulators ≤ 128 registers a thread: beyond it they spill (on the H200 the up kernel with
-    128×128 tiles ran 5× slower on 4 warps than on 8: 256 accumulator registers a thread spilled)."""
+    """fp32 accumulators ≤ 128 registers a thread: beyond it they spill to local memory (128×128 tiles
+    on 4 warps would need 256 accumulator registers a thread)."""
     return cfg.block_m * cfg.block_n * n_b_tiles <= 128 * 32 * cfg.num_warps
 
 
@@ -230,13 +235,12 @@ def _heuristic_decode(T: int, K: int, E: int, I: int, sms: int, limit: int) -> D
 
 def heuristic_quant_gemm(T: int, K: int, E: int, dev: torch.device, w8a8: bool, late: bool = False) -> GemmConfig:
     """Pinned grouped tiles on 8-bit codes (``late``: the weights have one scale per row). The
-    interpreter's small config on CPU. On a GPU, blocks of 64+ rows: w8a16 the best of a sweep on an
-    H200 (OLMoE, T = 4096): 128 columns, 8 warps, 3 stages, K steps of 64 (per row) or 128 (block
-    scales, weight-first); w8a8 with block scales 64 columns (each chunk's scaled product needs a
-    second accumulator's registers; 128 columns measured 2× slower); w8a8 per row the best of 12 tiles
-    on an H200 (OLMoE, Qwen3, DeepSeek-MoE, T = 4096): 128 columns, K steps of 128, 8 warps, 3 stages —
-    4 stages were 1–6% slower, 4 warps 2× slower. Thinner blocks: 64 columns, 4 warps. Pipeline
-    stages shrunk to the device's shared memory."""
+    interpreter's small config on CPU. On a GPU, blocks of 64+ rows: w8a16 128 columns, 8 warps, 3
+    stages, K steps of 64 (per row) or 128 (block scales, weight-first); w8a8 with block scales 64
+    columns (each chunk's scaled product needs a second accumulator's registers, which 128 columns
+    would spill); w8a8 per row 128 columns, K steps of 128, 8 warps, 3 stages (8 warps keep 128-column
+    accumulators in registers). Thinner blocks: 64 columns, 4 warps. Pipeline stages shrunk to the
+    device's shared memory. ``python -m dispatch.tune --quant`` replaces these with measured tiles per GPU."""
     if interpreting(dev):
         return replace(INTERPRET_CONFIG, block_k=W8A8_GROUP) if w8a8 else INTERPRET_CONFIG
     bm = pick_block_m(T * K, E, dev)
@@ -319,3 +323,12 @@ def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseG
     while cfg.num_stages > 1 and cfg.shared_bytes(M, itemsize) > limit:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
+
+
+def invariant_dense(N: int, K: int, device, itemsize: int = 2) -> DenseGemvConfig:
+    """The one config of batch-invariant mode for a [N, K] weight, whatever the rows: on a GPU
+    :func:`heuristic_dense`'s tl.dot choice (its M = 2..16 pick); under the interpreter wide tiles
+    and the whole K in one step (few programs: the interpreter pays per program and per op)."""
+    if torch.device(device).type == "cuda":
+        return heuristic_dense(2, N, K, device, itemsize)
+    return DenseGemvConfig(block_n=64, block_k=max(16, min(1024, triton.next_power_of_2(max(K, 1)))), num_stages=1)

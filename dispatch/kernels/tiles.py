@@ -11,6 +11,9 @@ came from.
                                                  n more experts), moe_decode_quant (scheme=), moe_decode_1
     "crossover" int: decode for T ≤ it           moe(path="auto"), the experts backend, quantized experts
     "dense"     DenseGemvConfig (shape: M, N, K)  linear_small
+    batch-invariant mode (:mod:`dispatch.engine.invariant`): one config for every T (or M)
+    "decode_invariant"  DecodeConfig: the one-token tiles, three launches of tl.dot   its moe_decode
+    "dense_invariant"   DenseGemvConfig (shape: M, N, K; M unused)   linear_small(invariant=True)
 
 Order of choice, for a layer shape (T, K, E, H, I), a dtype and a device:
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -45,6 +48,7 @@ from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules,
     HEADROOM,
     INTERPRET_CONFIG,
     INTERPRET_DECODE,
+    INVARIANT_INTERPRET_DECODE,
     MANY_EXPERTS,
     W8A8_GROUP,
     DecodeConfig,
@@ -60,13 +64,14 @@ from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules,
     heuristic_gemm,
     heuristic_quant_gemm,
     interpreting,
+    invariant_dense,
     next_pow2,
     pick_block_m,
     shared_bytes,
 )
 
 DECODE_MAX_TOKENS = 64  # the crossover where no table says otherwise: decode for T ≤ 64
-KINDS = ("grouped", "up", "down", "decode", "crossover", "dense")
+KINDS = ("grouped", "up", "down", "decode", "crossover", "dense", "decode_invariant", "dense_invariant")
 SOURCES = ("pinned", "table", "heuristic")
 
 
@@ -107,10 +112,20 @@ def resolve(kind: str, shape: Shape | tuple | None, dtype, device, *, scheme: st
         return Tiles(_pinned(kind, dev), "pinned")
     if shape is None:
         raise ValueError(f"resolve({kind!r}) needs a shape (T, K, E, H, I) unless config= or pinned=True")
-    if kind == "dense":  # shape (M, N, K): rows, outputs, inputs
+    if kind in ("dense", "dense_invariant"):  # shape (M, N, K): rows, outputs, inputs
         M, N, Kd = shape
-        return Tiles(heuristic_dense(M, N, Kd, dev, dtype.itemsize), "heuristic")
+        rule = heuristic_dense(M, N, Kd, dev, dtype.itemsize) if kind == "dense" else \
+            invariant_dense(N, Kd, dev, dtype.itemsize)
+        return Tiles(rule, "heuristic")
     T, K, E, H, I = shape  # noqa: E741
+    if kind == "decode_invariant":  # T's own tiles would follow T: the one-token ones, for every T
+        if interpreting(dev):
+            return Tiles(INVARIANT_INTERPRET_DECODE, "heuristic")
+        got = resolve("decode", (1, K, E, H, I), dtype, dev, table=table)
+        cfg, src = got.config, got.source
+        if cfg.block_m < 16 or cfg.fused or cfg.split:  # an FMA or one-launch variant: the plain tl.dot tiles
+            cfg, src = heuristic_decode(1, K, E, H, I, dev), "heuristic"
+        return Tiles(replace(cfg, fused=0, split=0), src)
     slug = _slug(dev) if table else None
     user = tables.user_dir_key()
     if kind == "crossover":
@@ -174,7 +189,8 @@ def fit_quant(cfg: DecodeConfig, scheme: str, H: int, I: int) -> DecodeConfig:  
 def _checked(kind: str, config):
     """A caller's config of the type ``kind`` takes (a GemmConfig for both grouped kernels, or a pair)."""
     want = {"grouped": GemmConfig, "up": GemmConfig, "down": GemmConfig, "decode": DecodeConfig,
-            "dense": DenseGemvConfig, "crossover": int}[kind]
+            "dense": DenseGemvConfig, "crossover": int, "decode_invariant": DecodeConfig,
+            "dense_invariant": DenseGemvConfig}[kind]
     if kind == "grouped" and isinstance(config, GemmConfig):
         return config, config
     if kind == "grouped" and isinstance(config, (tuple, list)) and len(config) == 2 \

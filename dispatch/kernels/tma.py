@@ -7,11 +7,10 @@ and the tile (box) shape, encoded once on the host — plus the tile's coordinat
 it, the engine writes the tile into shared memory in the swizzled layout the tensor cores read, and
 fills zeros beyond the tensor's edge. The warps spend their instruction slots on the MMAs instead.
 
-Measured on an H200 (graph-timed, the table's tiles, ``results/h200/kernels.json``, ``ours_no_tma``),
-the whole grouped path is 1–12% faster from 1024 tokens on (most at 16384); re-tuned for it, Mixtral's layer
-at 16384 tokens runs at ~78% of the measured bf16 peak. At 16- and 32-row blocks (up to ~256
-tokens, bound by weight reads) TMA measured slower in a probe (Qwen3 at 256 tokens 341 vs 316 µs,
-Mixtral at 64 tokens 728 vs 660 µs), hence ``MIN_BLOCK_M``.
+What it is worth is measured, not assumed: the kernels race (``python -m dispatch_book.bench
+kernels``) times the grouped path with and without it (``ours_no_tma``) at every size, and chapter 2
+reads that recording. TMA pays where tiles are large and the MMAs many; thin blocks of few rows are
+bound by reading weights, where the threads' own copies keep up, hence ``MIN_BLOCK_M``.
 
 The grouped GEMM (chapter 2) loads its weight tiles this way, and the down kernel its h tiles (h is
 in slot order, so a block's rows are one box); the up kernel's activations stay pointer loads: they

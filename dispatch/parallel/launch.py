@@ -244,6 +244,22 @@ def init_from_env(backend: str = "auto", timeout_s: float = 120.0) -> tuple[int,
     return dist.get_rank(), dist.get_world_size()
 
 
+def fingerprint(t: torch.Tensor) -> str:
+    """A tensor's content as 16 hex digits, the same on every device: its bits read as integers,
+    each times a weight from its position, summed exactly in int64 (wrapping), so no reduction order
+    or device changes it; a different value anywhere (a flipped bit, a swapped expert) changes it."""
+    t = t.detach().contiguous().reshape(-1)
+    nbytes = t.numel() * t.element_size()
+    words = t.view(torch.uint8).view(torch.int32 if nbytes % 4 == 0 else torch.uint8).reshape(-1)
+    acc = torch.zeros((), dtype=torch.int64, device=t.device)
+    for start in range(0, words.numel(), 1 << 24):  # bounded scratch memory for big stacks
+        w = words[start:start + (1 << 24)].long()
+        pos = torch.arange(start, start + w.numel(), device=t.device, dtype=torch.int64)
+        acc += (w * (pos % 1000003 + 1)).sum()
+    text = f"{t.dtype}:{tuple(t.shape)}:{nbytes}:{int(acc)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def check_same_everywhere(group=None, **items) -> None:
     """ValueError on every rank unless all ranks pass equal ``items`` (compared by a hash of repr)."""
     text = repr(sorted(items.items()))

@@ -30,7 +30,7 @@ from dispatch.kernels.routing import route
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.moe import MoELayer
 from dispatch.parallel.dispatch import check_routing, combine, dispatch
-from dispatch.parallel.launch import check_same_everywhere
+from dispatch.parallel.launch import check_same_everywhere, fingerprint
 from dispatch.placement import Placement
 from dispatch.reference import check_input, router_logits, shared_reference
 
@@ -67,7 +67,7 @@ def local_experts(x_MH, weights_MK, slots_MK, gate_up_L2IH, down_LHI, config: ti
     routes = dataclasses.replace(routes, num_experts=L, block_expert_B=torch.where(
         routes.block_expert_B == L, -1, routes.block_expert_B))
     h_PI = grouped_up_swiglu(x_MH, routes, gate_up_L2IH, config=config, activation=activation)
-    return grouped_down(h_PI, routes, down_LHI, weights_MK, config=config)
+    return grouped_down(h_PI, routes, down_LHI, weights_MK, config=config, zero_skipped=False)
 
 
 class ExpertParallelMoE(nn.Module):
@@ -105,6 +105,8 @@ class ExpertParallelMoE(nn.Module):
         self.config = config or pinned_config(weights.gate_up_E2IH.device)
         check_same_everywhere(group, cfg=cfg, placement=self.placement, dtype=weights.gate_up_E2IH.dtype,
                               capacity=capacity, config=self.config, path=path, decode_config=self.decode_config)
+        # ranks built from different weights would run and disagree with one device: compare at start
+        check_same_everywhere(group, weights={n: fingerprint(t) for n, t in weights.tensors().items()})
         idx = torch.tensor(self.placement.slots_RS[self.rank], dtype=torch.long, device=weights.gate_up_E2IH.device)
         self.register_buffer("gate_up_L2IH", weights.gate_up_E2IH.index_select(0, idx).contiguous())
         self.register_buffer("down_LHI", weights.down_EHI.index_select(0, idx).contiguous())

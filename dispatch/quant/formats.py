@@ -41,7 +41,7 @@ class QuantizedTensor:
     """One quantized weight stack [E, R, C]: codes, fp32 scales and the block one scale covers."""
 
     q: torch.Tensor  # [E, R, C] int8 or float8_e4m3fn
-    scale: torch.Tensor  # [E, ceil(R / block_rows), ceil(C / block_cols)] float32, finite, > 0
+    scale: torch.Tensor  # [E, ceil(R / block_rows), ceil(C / block_cols)] float32, in [tiny, max / qmax]
     block_rows: int
     block_cols: int
 
@@ -62,8 +62,15 @@ class QuantizedTensor:
                              f"{tuple(getattr(self.scale, 'shape', ()))}")
         if self.scale.device != self.q.device:
             raise ValueError(f"q is on {self.q.device} but scale on {self.scale.device}")
-        if self.scale.numel() and not bool((torch.isfinite(self.scale) & (self.scale > 0)).all()):
-            raise ValueError("every scale must be finite and > 0")
+        # a scale is at least float32's tiny (the quantizer's floor) and so small that q·scale stays
+        # finite in fp32 (at most float32 max / the largest code): a bit flip past it is refused
+        tiny = torch.finfo(torch.float32).tiny
+        top = torch.finfo(torch.float32).max / (127.0 if self.q.dtype == torch.int8 else FP8_MAX)
+        ok = (self.scale >= tiny) & (self.scale <= top)
+        if self.scale.numel() and not bool(ok.all()):
+            bad = self.scale[~ok]
+            raise ValueError(f"every scale must be finite and > 0 (at least {tiny:.3g}) and at most {top:.3g} "
+                             f"(q·scale finite in fp32); {bad.numel()} are not, e.g. {bad[0].item():.4g}")
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -18,6 +18,9 @@ Quantized experts (``--quant``) have entries of their own: dtype 'bfloat16+<sche
 and 'bfloat16+<scheme>+w8a8' (the w8a8 grouped GEMM's up/down, read only within 2× of a bucket).
 A layer whose shared expert rides along in the decode kernels has a decode-only entry keyed by E + n
 experts and K + n choices (n = S / I), next to its own.
+Tuned under a routing other than uniform (``python -m dispatch.tune --routing zipf:3``,
+:mod:`dispatch.tune.routing_dist`), an entry's key ends with that routing: 'E=64,...,bfloat16,zipf:3';
+uniform entries keep the plain key.
 """
 from __future__ import annotations
 
@@ -38,9 +41,11 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "cpu"
 
 
-def shape_key(E: int, H: int, I: int, K: int, dtype) -> str:  # noqa: E741
-    """The key of one layer shape: 'E=64,H=2048,I=1024,K=8,bfloat16'."""
-    return f"E={E},H={H},I={I},K={K},{str(dtype).removeprefix('torch.')}"
+def shape_key(E: int, H: int, I: int, K: int, dtype, routing: str = "uniform") -> str:  # noqa: E741
+    """The key of one layer shape: 'E=64,H=2048,I=1024,K=8,bfloat16'; tuned under a routing other than
+    uniform (its canonical name, ``routing_dist.parse(spec).name``), with it appended: '...,bfloat16,zipf:3'."""
+    key = f"E={E},H={H},I={I},K={K},{str(dtype).removeprefix('torch.')}"
+    return key if routing == "uniform" else f"{key},{routing}"
 
 
 def user_dir() -> pathlib.Path:
@@ -87,9 +92,9 @@ def _load(slug: str, user: str) -> dict:
             "entries": {**base.get("entries", {}), **mine.get("entries", {})}}
 
 
-def entry(slug: str, E: int, H: int, I: int, K: int, dtype) -> dict | None:  # noqa: E741
-    """The tuned entry for this device and shape, or None."""
-    return load(slug).get("entries", {}).get(shape_key(E, H, I, K, dtype))
+def entry(slug: str, E: int, H: int, I: int, K: int, dtype, routing: str = "uniform") -> dict | None:  # noqa: E741
+    """The tuned entry for this device and shape (tuned under ``routing``), or None."""
+    return load(slug).get("entries", {}).get(shape_key(E, H, I, K, dtype, routing))
 
 
 def nearest_bucket(buckets, T: int, need: str | None = None, within: float | None = None) -> dict | None:
@@ -104,14 +109,23 @@ def nearest_bucket(buckets, T: int, need: str | None = None, within: float | Non
 
 
 def load_file(path) -> dict | None:
-    """A table file anywhere (the tuner merges into its --out file), or None if there is none."""
+    """A table file anywhere (the tuner merges into its --out file), or None if there is none;
+    ValueError naming the file if it is not a table (not JSON, or no "entries")."""
     path = pathlib.Path(path)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a tile table (not valid JSON: {e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries", {}), dict):
+        raise ValueError(f"{path} is not a tile table (expected a JSON object with an \"entries\" object)")
+    return doc
 
 
 def write(path, doc: dict) -> pathlib.Path:
-    """Write a table (the tuner's output) as sorted, indented JSON."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return path
+    """Write a table (the tuner's output) as sorted, indented JSON, whole or not at all: a write cut
+    short leaves the table it was merging into as it was."""
+    from dispatch import files
+
+    return files.write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")

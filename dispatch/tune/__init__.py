@@ -6,9 +6,14 @@ and commit it). The installed package is never written.
     python -m dispatch.tune --preset olmoe-1b-7b|all [--tokens 1,8,64] [--out FILE] [--workers N]
     python -m dispatch.tune --preset all --quant int8-channel,fp8-channel   (quantized experts only)
     python -m dispatch.tune --preset all --refine [--quant ...]   (the last steps from the table's configs)
+    python -m dispatch.tune --preset all --routing zipf:3   (entries for skewed routing, keyed '...,zipf:3')
 
 Per layer shape and token-count bucket T (``dispatch.tables.BUCKETS``, 1 … 16384), on one routing
-(softmax top-K of random logits, seeded), timed under CUDA-graph replay (median of several replays):
+(``--routing``, :mod:`dispatch.tune.routing_dist`: by default uniform, the softmax top-K of random
+logits; ``zipf:<r>`` a Zipf law with busiest/mean expert load r at 4096 tokens; ``trace`` the trained
+model's recorded routes; seeded), timed under CUDA-graph replay (median of several replays). Entries
+tuned under a routing other than uniform are keyed with its name (``tables.shape_key``), next to the
+uniform ones, which keep their keys:
 
 * **Grouped GEMM** (T ≥ 8), up and down kernels separately. ``block_m`` (the sort's padding, shared
   by both) from the rows per expert r = T·K/E: {16} below 12 rows, {16, 32}, {32, 64}, {64, 128},
@@ -64,10 +69,10 @@ import os
 import torch
 import triton
 
-from dispatch import runtime, tables
+from dispatch import files, runtime, tables
 from dispatch import schemes as registry
 from dispatch.config import PRESETS
-from dispatch.tune import refine
+from dispatch.tune import refine, routing_dist
 from dispatch.tune.compile import compile_jobs, precompile, workers_that_fit
 from dispatch.tune.search import BENCH_PRESETS, merge_entry, tune_preset
 
@@ -76,6 +81,16 @@ def default_out(device_name: str):
     """Where a run writes without ``--out``: the user's table of this device (``tables.user_path``),
     which the launchers layer over the shipped one — never a file inside the installed package."""
     return tables.user_path(tables.device_slug(device_name))
+
+
+def _check_out(out: str) -> dict | None:
+    """The table already at ``out`` (None if none); SystemExit naming the file if it cannot be
+    written or is not a table: checked before tuning, which saves after every preset."""
+    try:
+        files.check_writable(out)
+        return tables.load_file(out)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"dispatch.tune: --out: {e}") from None
 
 
 def main(argv=None) -> None:
@@ -91,6 +106,8 @@ def main(argv=None) -> None:
     p.add_argument("--refine", action="store_true", help="instead: the down-tile and one-launch steps from the "
                    "table's decode configs (bf16 and shared; with --quant, those schemes' instead; --tokens: "
                    "those buckets only; dispatch.tune.refine)")
+    p.add_argument("--routing", default="uniform", help="the routing the cases draw: uniform, zipf:<busiest/mean at "
+                   "4096 tokens> (e.g. zipf:3) or trace[:<layer>]; entries keyed with it unless uniform")
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile while timing)")
     a = p.parse_args(argv)
@@ -104,17 +121,33 @@ def main(argv=None) -> None:
             registry.parse(q)  # a scheme of dispatch.schemes, or '<scheme>+w8a8' where fp8 activations apply
         except ValueError as e:
             raise SystemExit(f"--quant: {e}") from None
+    try:
+        tokens = sorted(int(t) for t in a.tokens.split(","))
+    except ValueError:
+        p.error(f"--tokens takes comma-separated token counts, e.g. 1,8,64; got {a.tokens!r}")
+    if not tokens or tokens[0] < 1:
+        p.error(f"--tokens must be positive token counts, got {a.tokens!r}")
+    if a.workers < 0:
+        p.error(f"--workers must be >= 0 (0: compile while timing), got {a.workers}")
+    if a.out is not None:  # before anything is tuned: an --out that cannot be written loses no work
+        _check_out(a.out)
+    try:
+        routing = routing_dist.parse(a.routing).name
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if a.refine and routing != "uniform":
+        raise SystemExit("--refine starts from the table's uniform entries: tune other routings without it")
     if not runtime.HAS_CUDA:
         raise SystemExit("tuning times kernels on a CUDA GPU")
-    tokens = sorted(int(t) for t in a.tokens.split(","))
     refine_tokens = set(tokens) if a.tokens != p.get_default("tokens") else None  # --refine: every bucket
     dev, dtype = torch.device("cuda"), runtime.compute_dtype()
     name = runtime.device_name(dev)
     out = a.out or str(default_out(name))
-    t0 = dt.datetime.now()
-    doc = tables.load_file(out) or {"entries": {}}
+    doc = _check_out(out) or {"entries": {}}
+    doc.setdefault("entries", {})
     if a.refine:  # refine what the launchers read: the file's entries, else the shipped (and user) table's
         doc["entries"] = {**tables.load(tables.device_slug(name)).get("entries", {}), **doc["entries"]}
+    t0 = dt.datetime.now()
     jobs = refine.compile_jobs(presets, doc, dtype, schemes, refine_tokens) if a.refine else \
         compile_jobs(presets, tokens, dev, schemes)
     workers = workers_that_fit(jobs, a.workers, torch.cuda.mem_get_info(dev)[0])
@@ -133,7 +166,7 @@ def main(argv=None) -> None:
                                                            log=lambda s: print(s, flush=True), tokens=refine_tokens))
             else:
                 for key, e in tune_preset(preset, tokens, dev, dtype, log=lambda s: print(s, flush=True),
-                                          schemes=schemes).items():
+                                          schemes=schemes, routing=routing).items():
                     doc["entries"][key] = merge_entry(doc["entries"].get(key), e)  # other buckets stay
             doc.update(device=name, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        versions={"torch": torch.__version__, "triton": triton.__version__})

@@ -128,10 +128,8 @@ def _compile_job(job) -> list[str]:
 def workers_that_fit(jobs, wanted: int, free_bytes: int) -> int:
     """How many of ``wanted`` workers fit in ``free_bytes`` of device memory: each holds one preset's
     expert weights at a time (plus, for quantized jobs, their codes, the quantizer's fp32 temporaries
-    and the caching allocator's slack: up to ~7x the bf16 bytes), and a CUDA context (~1 GiB).
-    Measured on an H200: 12 workers on Mixtral's fp8 jobs asked for ~12 GiB each and ran out of
-    memory; so did 9 workers refining the quantized entries of all four presets, holding 12.6–20.2 GiB
-    each (Mixtral's bf16 experts are 2.8 GB)."""
+    and the caching allocator's slack: up to ~7x the bf16 bytes), and a CUDA context (~1 GiB):
+    sized for the largest job, so that a worker never runs out of memory mid-search."""
     need = 1 << 30
     for name, _, kind, _ in jobs:
         c = PRESETS[name]

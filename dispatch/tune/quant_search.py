@@ -5,8 +5,8 @@
   one-row FMA tiles, ``decode_starts``), plus a step of longer reduction chunks; every candidate
   is shrunk to fit the scale blocks. From ``GROUPED_MIN_T`` tokens the weight-only grouped GEMM
   (its default tiles) is timed too, and the entry's crossover is where it first beats the decode
-  path: a layer of codes changes paths where its own two paths cross, not where bf16's do (on an
-  H200, Qwen3-30B-A3B's int8 decode at 64 tokens took 1.4× the grouped GEMM's time).
+  path: a layer of codes changes paths where its own two paths cross, not where bf16's do (codes
+  halve the decode path's bytes but add conversions to the grouped GEMM's MMAs).
   Entry 'bfloat16+<scheme>'.
 * **w8a8** (fp8 schemes on sm_89+; ``--quant fp8-channel+w8a8``: this part alone), entry
   'bfloat16+<scheme>+w8a8'. Decode (T ≤ ``QUANT_MAX_T``): the same descent on fp8 activations, from
@@ -45,10 +45,7 @@ from dispatch.tune.search import (
 
 QUANT_CHUNKS = ((256, 256), (512, 256), (256, 512))  # (block_h, block_id): longer chunks of 1-byte codes
 # (block_i, block_h, block_ho, block_id), 3 stages: up and down tiles moved together, which a descent one
-# step at a time does not reach. On an H100 (int8-channel, from the H200 table's tiles, 288 tiles × grids
-# timed side by side) the best were these, 5–9 % faster than the table's at 8 tokens of OLMoE and Qwen3
-# and at one token of Mixtral; a tuner run there at 8 tokens of OLMoE ended on the first (118.8 µs against
-# 119.8 from the bf16 decode's tiles, in one launch)
+# step at a time does not reach: the best of a side-by-side sweep of 288 whole tiles on 1-byte codes
 QUANT_TILES = ((64, 256, 128, 256), (64, 256, 64, 512), (32, 256, 128, 256))
 QUANT_MAX_T = 64  # decode tiles tuned up to here
 QUANT_GROUPED_MIN_T = 128  # w8a8 grouped tiles tuned from here
@@ -154,7 +151,8 @@ def tune_grouped_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
                      lambda c: grouped_up_swiglu(x_TH, routes, qe.gate_up, config=c, w8a8=True),
                      h_PI[slots], timer, log, "up w8a8", view=lambda h: h[slots])
     down, _, _ = _best(quant_gemm_space("down", base, dev, late) or [base],
-                       lambda c: grouped_down(h_PI, routes, qe.down, weights_TK, config=c, w8a8=True),
+                       lambda c: grouped_down(h_PI, routes, qe.down, weights_TK, config=c, w8a8=True,
+                                              zero_skipped=False),
                        grouped_down(h_PI, routes, qe.down, weights_TK, config=base, w8a8=True),
                        timer, log, "down w8a8")
 
@@ -182,10 +180,11 @@ def tune_w8a8(name, T, case, scheme, dev, timer, log) -> dict:
     return tune_grouped_w8a8(name, T, case, scheme, dev, timer, log)
 
 
-def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
+def tune_quant(name, tokens, dev, dtype, schemes, timer, log, routing: str = "uniform") -> dict:
     """The entries of one preset's quantized experts: per scheme the decode tiles (T ≤ QUANT_MAX_T),
     and for fp8 schemes the w8a8 entry (decode tiles, grouped tiles from T ≥ QUANT_GROUPED_MIN_T);
-    '<scheme>+w8a8': the w8a8 entry alone."""
+    '<scheme>+w8a8': the w8a8 entry alone. ``routing``: a canonical routing name (keys end with it
+    unless uniform)."""
     cfg, w, out = PRESETS[name], None, {}
     for requested in schemes:
         scheme = requested.removesuffix("+w8a8")
@@ -195,7 +194,7 @@ def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
                                  ("+w8a8", small + large if w8a8 else [], tune_w8a8)):
             buckets = {}
             for T in Ts:
-                case = make_case(name, T, dev, dtype, w)
+                case = make_case(name, T, dev, dtype, w, routing=routing)
                 w = case[1]
                 buckets[str(T)] = tune(name, T, case, scheme, dev, timer, log)
             if buckets:
@@ -203,5 +202,6 @@ def tune_quant(name, tokens, dev, dtype, schemes, timer, log) -> dict:
                 if any("grouped_us" in b and "decode_us" in b for b in buckets.values()):
                     entry["crossover"] = crossover(buckets)
                     log(f"{name} {scheme}: decode for T ≤ {entry['crossover']}, grouped GEMM above")
-                out[tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix))] = entry
+                key = tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, tiles.quant_key(dtype, scheme + suffix), routing)
+                out[key] = entry
     return out

@@ -16,8 +16,9 @@ from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.sort import sort_by_expert
 from dispatch.kernels.tiles import DecodeConfig, GemmConfig
 from dispatch.moe import shared_rides_along
-from dispatch.reference import experts_reference, rel_err, route_reference, shared_reference
+from dispatch.reference import experts_reference, rel_err, shared_reference
 from dispatch.timing import graph_us
+from dispatch.tune import routing_dist
 
 BENCH_PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
 DECODE_MAX_T, GROUPED_MIN_T = 256, 8
@@ -31,8 +32,7 @@ SPACE = {  # (kind, block_m) → (BLOCK_N, BLOCK_K, warps, stages)
     ("down", 128): ((256, 64, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 4), (128, 128, 8, 3)),
 }
 DECODE_UP = ((32, 256, 3), (16, 256, 3), (32, 128, 4), (64, 128, 3))  # (block_i, block_h, stages)
-# (block_ho, block_id); 128 down rows a tile: on an H200 int8 codes at 8 tokens of OLMoE took 106 µs against
-# 111 µs with 64 rows (the best of the others), and 290 against 336 µs at 64 tokens of Qwen3-30B-A3B
+# (block_ho, block_id); 128 down rows a tile too: for 1-byte codes a longer item amortises its start
 DECODE_DOWN = ((32, 128), (32, 256), (64, 128), (16, 256), (128, 128), (128, 256))
 PROGRAMS_PER_SM = (1, 2, 3, 4, 8, 16)
 LAGS = (1, 64)  # one launch: down items one slot behind their up items, or after all of them
@@ -82,13 +82,14 @@ def decode_starts(base: DecodeConfig, T: int) -> list[DecodeConfig]:
     return [base] + ([replace(base, **ONE_ROW)] if T == 1 else [])
 
 
-def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0):
-    """(cfg, weights, x_TH, weights_TK, ids_TK): softmax top-K of random logits, seeded by T."""
+def make_case(name: str, T: int, dev, dtype, w=None, seed: int = 0, routing: str = "uniform"):
+    """(cfg, weights, x_TH, weights_TK, ids_TK), seeded by T: the routing drawn from ``routing``
+    (:mod:`dispatch.tune.routing_dist`; uniform: softmax top-K of random logits)."""
     cfg = PRESETS[name]
     w = w or random_weights(cfg, seed=seed, dtype=dtype, device=dev)
     g = torch.Generator(device=dev).manual_seed(seed + T)
     x_TH = torch.randn(T, cfg.H, generator=g, device=dev).to(dtype)
-    weights_TK, ids_TK = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
+    weights_TK, ids_TK = routing_dist.draw(routing, cfg, T, g)
     return cfg, w, x_TH, weights_TK, ids_TK
 
 
@@ -123,7 +124,8 @@ def _tune_block_m(bm, case, dev, timer, log) -> tuple:
                          lambda c: gg.grouped_up_swiglu(x_TH, routes, w.gate_up_E2IH, config=c),
                          h_PI[slots], timer, log, "up", view=lambda h: h[slots])
     down, down_us, _ = _best(gemm_space("down", bm, dev) or [base_d],
-                             lambda c: gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c),
+                             lambda c: gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=c,
+                                                       zero_skipped=False),
                              gg.grouped_down(h_PI, routes, w.down_EHI, weights_TK, config=base_d),
                              timer, log, "down")
     return up, down, up_us + down_us, base_u, base_d
@@ -225,18 +227,21 @@ def crossover(buckets: dict) -> int:
     return last
 
 
-def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=()) -> dict:
+def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=(), routing: str = "uniform") -> dict:
     """The table entry of one preset: its buckets and crossover. With ``schemes``: instead, the
-    quantized experts' entries (:func:`dispatch.tune.quant_search.tune_quant`)."""
+    quantized experts' entries (:func:`dispatch.tune.quant_search.tune_quant`). ``routing``: the
+    routing the cases draw (:mod:`dispatch.tune.routing_dist`); other than uniform, the entries' keys
+    end with its name (``tables.shape_key``)."""
+    routing = routing_dist.parse(routing).name
     if schemes:
         from dispatch.tune.quant_search import tune_quant  # it builds on this module's search
 
-        return tune_quant(name, tokens, dev, dtype, schemes, timer, log)
+        return tune_quant(name, tokens, dev, dtype, schemes, timer, log, routing=routing)
     w, buckets, shared = None, {}, {}
     cfg = PRESETS[name]
     n = shared_rides_along(cfg)
     for T in tokens:
-        case = make_case(name, T, dev, dtype, w)
+        case = make_case(name, T, dev, dtype, w, routing=routing)
         w = case[1]
         b = {}
         if T <= DECODE_MAX_T:
@@ -252,11 +257,11 @@ def tune_preset(name, tokens, dev, dtype, timer=graph_us, log=print, schemes=())
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     cross = crossover(buckets)
-    log(f"{name}: decode for T ≤ {cross}, grouped GEMM above")
-    out = {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype): {"crossover": cross, "buckets": buckets}}
+    log(f"{name}{'' if routing == 'uniform' else ' (' + routing + ')'}: decode for T ≤ {cross}, grouped GEMM above")
+    out = {tables.shape_key(cfg.E, cfg.H, cfg.I, cfg.K, dtype, routing): {"crossover": cross, "buckets": buckets}}
     if shared:  # the layer's decode with its shared expert inside, at the key the launcher reads (E + n, K + n);
         # no crossover of its own (moe() reads the layer's, computed with it)
-        out[tables.shape_key(cfg.E + n, cfg.H, cfg.I, cfg.K + n, dtype)] = {"buckets": shared}
+        out[tables.shape_key(cfg.E + n, cfg.H, cfg.I, cfg.K + n, dtype, routing)] = {"buckets": shared}
     return out
 
 

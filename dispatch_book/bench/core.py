@@ -24,7 +24,9 @@ from dispatch_book.bench.results import (  # noqa: F401
     configure,
     git_commit,
     gpu_slug,
+    int_list,
     load,
+    preset_list,
     provenance,
     save,
 )
@@ -45,6 +47,10 @@ SUITES = {
     "step_kernels": "dispatch_book.bench.step_kernels",
     "timeline": "dispatch_book.bench.timeline",
     "split": "dispatch_book.bench.split",
+    "serve": "dispatch_book.bench.serve",
+    "speculative": "dispatch_book.bench.speculative",
+    "evidence": "dispatch_book.bench.evidence",
+    "all": "dispatch_book.bench.record",
 }
 
 

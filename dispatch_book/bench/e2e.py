@@ -14,6 +14,8 @@ prompts of ``--prompt`` random tokens. Contestants (one run, same model):
                         SDPA (``decode_kernels=False``): what the GEMV and attention kernels add
     ours_no_pdl         the same engine with plain launches (no programmatic dependent launch,
                         ``dispatch.kernels.pdl``): what overlapping the kernels' starts adds
+    ours_fused_moe      at batch 1, the engine with the MoE layer in three launches
+                        (``fused_moe=True``: router + top-K, up, down + combine)
     ours_int8 / ours_fp8   the same with the experts quantized (int8-channel / fp8-channel, chapter 7;
                         fp8 only on sm_89+), at batch 1 and 64 (``QUANT_BATCHES``)
 
@@ -38,8 +40,8 @@ GENERATE = ("hf_eager", "hf_grouped_mm", "hf_batched_mm", "hf_compile_static")
 QUANT = {"ours_int8": "int8-channel", "ours_fp8": "fp8-channel"}
 QUANT_BATCHES = (1, 64)
 # In the order they run (each over every batch size): a spent budget skips the last ones first.
-CONTESTANTS = ("ours", "ours_no_pdl", "ours_cublas_sdpa", "ours_int8", "ours_fp8", "hf_graph_dispatch", "hf_graph",
-               "hf_grouped_mm", "hf_batched_mm", "hf_eager", "hf_compile_static")
+CONTESTANTS = ("ours", "ours_no_pdl", "ours_cublas_sdpa", "ours_fused_moe", "ours_int8", "ours_fp8",
+               "hf_graph_dispatch", "hf_graph", "hf_grouped_mm", "hf_batched_mm", "hf_eager", "hf_compile_static")
 
 
 def read_gbps() -> tuple[float, str]:
@@ -110,11 +112,24 @@ def hf_generate(model, ids, new: int, impl: str, static: bool) -> dict:
         kw["cache_implementation"] = "static"
     with torch.no_grad():
         model.generate(ids, max_new_tokens=2, **kw)  # warm-up (and compile, for the static cache)
+        graphs = _compiled_graphs()
         t1 = _timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw))
         tn = _timed(lambda: model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw))
+        graphs = _compiled_graphs() - graphs
     B, S = ids.shape
-    return {"ttft_s": t1, "prefill_tok_s": B * S / t1, "decode_tok_s": B * (new - 1) / max(tn - t1, 1e-9),
-            "new_tokens": new}
+    rate = B * (new - 1) / max(tn - t1, 1e-9)
+    row = {"ttft_s": t1, "prefill_tok_s": B * S / t1, "new_tokens": new}
+    if graphs:  # not a steady state: the timed calls were compiling, so this is no decode speed
+        return row | {"status": f"recompiling: torch.compile built {graphs} new graphs during the timed "
+                                f"generate calls", "tok_s_while_compiling": rate}
+    return row | {"decode_tok_s": rate}
+
+
+def _compiled_graphs() -> int:
+    """How many graphs torch.compile has built in this process (dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def hf_graph(model, ids, new: int, impl: str) -> dict:
@@ -208,7 +223,7 @@ def profiles(model, lean, B: int) -> list[dict]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench e2e")
-    ap.add_argument("--batches", default="1,8,64,256")
+    ap.add_argument("--batches", default="1,8,64,256", type=bench.int_list)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--hf-new", type=int, default=16, help="new tokens for the slow transformers paths")
@@ -216,6 +231,9 @@ def main(argv=None) -> None:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
+    unknown = [n for n in a.contestants.split(",") if n not in CONTESTANTS]
+    if unknown:
+        ap.error(f"unknown contestant {', '.join(map(repr, unknown))}; choose from {', '.join(CONTESTANTS)}")
     if not runtime.HAS_CUDA:
         raise SystemExit("the end-to-end benchmark runs on a CUDA GPU")
 
@@ -223,7 +241,7 @@ def main(argv=None) -> None:
 
     t_start = time.perf_counter()
     register()
-    batches = [int(b) for b in a.batches.split(",")]
+    batches = list(a.batches)
     model = build()
     gbps, gbps_source = read_gbps()
     lean = LeanModel.from_hf(model)  # shares the weights; only the fused QKV is a copy
@@ -238,7 +256,7 @@ def main(argv=None) -> None:
             row = {"contestant": name, "batch": B}
             slow = name in ("hf_eager", "hf_compile_static") or (name == "hf_batched_mm" and B > 8)
             new = min(a.hf_new, a.new) if name in GENERATE else a.new
-            if name in QUANT and B not in QUANT_BATCHES:
+            if (name in QUANT and B not in QUANT_BATCHES) or (name == "ours_fused_moe" and B != 1):
                 continue
             if left < (60 if slow else 15):
                 row["skipped"] = f"wall-clock budget ({a.budget_s:.0f} s) spent: {left:.0f} s left"
@@ -256,6 +274,8 @@ def main(argv=None) -> None:
                             row.update(ours(lean, ids, a.new))
                     elif name == "ours_cublas_sdpa":
                         row.update(ours(LeanModel.from_hf(model, decode_kernels=False), ids, a.new))
+                    elif name == "ours_fused_moe":  # batch 1 only: router + top-K and down + combine fused
+                        row.update(ours(LeanModel.from_hf(model, fused_moe=True), ids, a.new))
                     elif name in QUANT:
                         row.update(ours(quantized_lean(model, QUANT[name]), ids, a.new))
                         row["bytes_note"] = "roofline counted in bf16 expert bytes"
@@ -269,15 +289,17 @@ def main(argv=None) -> None:
                     sb = step_bytes(model.config, B, a.prompt + a.new / 2, lean.dtype.itemsize)
                     row["bytes_per_step"] = sb["total"]
                     row["roofline_tok_s"] = B / (sb["total"] / (gbps * 1e9))
-                    row["pct_roofline"] = 100 * row["decode_tok_s"] / row["roofline_tok_s"]
+                    if "decode_tok_s" in row:
+                        row["pct_roofline"] = 100 * row["decode_tok_s"] / row["roofline_tok_s"]
                 except Exception as e:  # recorded, e.g. batched_mm's out-of-memory in prefill
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     torch.cuda.empty_cache()
             rows.append(row)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
             bench.save("e2e", rows, extra=extra)
-        if name == "ours" and a.profile:
-            extra["profile"] = profiles(model, lean, 1) + profiles(model, lean, 64)
-            for r in extra["profile"]:
+        if name == "ours" and a.profile:  # its own recording: e2e_profile
+            prof = profiles(model, lean, 1) + profiles(model, lean, 64)
+            for r in prof:
                 print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+            bench.save("e2e_profile", prof, extra={k: extra[k] for k in ("model", "dtype", "prompt")})
     print("wrote", bench.save("e2e", rows, extra=extra))

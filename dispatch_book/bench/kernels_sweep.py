@@ -53,7 +53,8 @@ def measure(name: str, T: int, dev, dtype) -> list[dict]:
         routes = sort_by_expert(ids_TK, cfg.E, c.block_m)
         h_PI = gg.grouped_up_swiglu_torch(x_TH, routes, w.gate_up_E2IH)  # the down kernel's input, any up tiles
         runs = {"up": lambda c=c, r=routes: gg.grouped_up_swiglu(x_TH, r, w.gate_up_E2IH, config=c),
-                "down": lambda c=c, r=routes, h=h_PI: gg.grouped_down(h, r, w.down_EHI, weights_TK, config=c)}
+                "down": lambda c=c, r=routes, h=h_PI: gg.grouped_down(h, r, w.down_EHI, weights_TK, config=c,
+                                                                      zero_skipped=False)}
         for kernel, fn in runs.items():
             row = {"shape": name, "tokens": T, "kernel": kernel, "config": [c.block_m, c.block_n, c.block_k,
                                                                            c.num_warps, c.num_stages]}
@@ -87,16 +88,16 @@ def measure(name: str, T: int, dev, dtype) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench kernels_sweep")
-    p.add_argument("--shapes", default="olmoe-1b-7b")
-    p.add_argument("--tokens", default="64,4096,16384")
+    p.add_argument("--shapes", default="olmoe-1b-7b", type=bench.preset_list)
+    p.add_argument("--tokens", default="64,4096,16384", type=bench.int_list)
     a = p.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the tile sweep times CUDA graphs: it needs a CUDA GPU")
     dev, dtype = torch.device("cuda"), runtime.compute_dtype()
     rows = []
     with torch.no_grad():
-        for name in a.shapes.split(","):
-            for T in (int(t) for t in a.tokens.split(",")):
+        for name in a.shapes:
+            for T in a.tokens:
                 rows += measure(name, T, dev, dtype)
     print("wrote", bench.save("kernels_sweep", rows, extra={"dtype": str(dtype), "tolerance_rel": TOLERANCE,
                                                              "timing": "CUDA graph replay, L2 flushed"}))

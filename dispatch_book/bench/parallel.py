@@ -35,7 +35,7 @@ from dispatch.parallel.launch import check_same_everywhere, init_from_env
 from dispatch.parallel.layer import pinned_config
 from dispatch.parallel.p2p import P2PTransport
 from dispatch.reference import route_reference, router_logits
-from dispatch_book.bench import add_output_args, save
+from dispatch_book.bench import add_output_args, int_list, save
 from dispatch_book.bench.harness import capture_graph
 from dispatch_book.ep_steps import bitwise_equal, one_device
 
@@ -76,9 +76,10 @@ def graphed(fn):
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="olmoe-1b-7b" if runtime.HAS_CUDA else "tiny")
-    ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096" if runtime.HAS_CUDA else "1,16")
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench parallel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="olmoe-1b-7b" if runtime.HAS_CUDA else "tiny", choices=sorted(PRESETS))
+    ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096" if runtime.HAS_CUDA else "1,16", type=int_list)
     ap.add_argument("--reps", type=int, default=10)
     add_output_args(ap)
     ap.add_argument("--p2p-sweep", action="store_true",
@@ -99,7 +100,7 @@ def run(args, rank, R) -> list[dict]:
     cuda = runtime.HAS_CUDA
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if cuda else torch.device("cpu")
     cfg, dtype = PRESETS[args.preset], runtime.compute_dtype(device)
-    tokens = [int(t) for t in args.tokens.split(",")]
+    tokens = list(args.tokens)
     check_same_everywhere(cfg=cfg, tokens=tokens, dtype=dtype, reps=args.reps)
     placement, config = Placement.contiguous(cfg.num_experts, R), pinned_config(device)
     w = random_weights(cfg, seed=0, dtype=dtype, device=device)
@@ -229,6 +230,19 @@ def sweep_p2p(T, cfg, placement, dtype, device, args, record) -> None:
                        lockstep_ms(graph.replay, 10, args.reps, True), nbytes, rows=rows,
                        programs_per_sm=per_sm, num_warps=warps)
                 del graph, p2p
+
+
+def layer_recording(root=None) -> dict | None:
+    """The newest recording of this chapter's layer on two or more GPUs — a ``results/<gpu>/expert_parallel.json``
+    whose rows hold the one-GPU reference (``one_gpu``) — or None: chapter 4 shows no timing without one."""
+    from dispatch_book.bench import results, sets
+
+    docs = []
+    for slug in sets.slugs(root):
+        doc = results.load("expert_parallel", gpu=slug, root=root)
+        if doc and (doc.get("gpu_count") or 1) >= 2 and any(r.get("contestant") == "one_gpu" for r in doc["rows"]):
+            docs.append(doc)
+    return max(docs, key=lambda d: d["date"]) if docs else None
 
 
 def save_rows(args, rows, R, dtype):

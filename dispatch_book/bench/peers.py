@@ -6,10 +6,13 @@ routed rows n = t·K + k expert by expert, each expert's run padded to BLOCK_M w
 (block m, column tile n), after a GROUP_M swizzle, gathers its rows of A (x[n // K] for the up
 projection, the activated rows for the down one), multiplies by its expert's weight tile, optionally
 scales by the routing weight, and writes rows back at n. The up projection writes the whole 2I-wide
-gate|up product; SiLU·mul runs between the two, and the K rows of a token are summed at the end.
+gate|up product; one fused SiLU·mul kernel runs between the two (vLLM's ``silu_and_mul``), and the K
+rows of a token are summed at the end. One tile config serves both projections, as in vLLM.
 
-Tile configs: ``CONFIGS``, 14 from the region vLLM's tuned H100/H200 tables use; the race takes the
-best per size. The alignment step (``align``) is excluded from the peer's time, as in the recorded race.
+Tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages): the race tunes them per size
+(:mod:`dispatch_book.bench.peer_search`: vLLM's shipped tables, then its tuner's grid); ``CONFIGS``
+are 14 from the region vLLM's tuned H100/H200 tables use, seeds of that search. The alignment step
+(``align``) is excluded from the peer's time, as in the recorded race.
 """
 from __future__ import annotations
 
@@ -62,6 +65,36 @@ def _fused_moe_kernel(a_ptr, b_ptr, c_ptr, wt_ptr, sorted_ids_ptr, expert_ids_pt
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_cn[None, :] < N))
 
 
+@triton.jit
+def _silu_mul_kernel(gu_ptr, h_ptr, I, s_g, s_h, BLOCK: tl.constexpr):
+    """Row n, columns [j·BLOCK, (j+1)·BLOCK): h = silu(gate) · up, in fp32, stored in h's dtype."""
+    n, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    gate = tl.load(gu_ptr + n * s_g + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + n * s_g + I + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(h_ptr + n * s_h + offs, (gate * tl.sigmoid(gate) * up).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(gu_N2I: torch.Tensor) -> torch.Tensor:
+    """h_NI = silu(gate) · up of a gate|up product [N, 2I] (rows contiguous), one launch."""
+    if gu_N2I.dim() != 2 or gu_N2I.shape[1] % 2 or gu_N2I.stride(1) != 1:
+        raise ValueError(f"gu_N2I must be [N, 2I] with unit column stride, got {tuple(gu_N2I.shape)} "
+                         f"strides {gu_N2I.stride()}")
+    N, I = gu_N2I.shape[0], gu_N2I.shape[1] // 2  # noqa: E741
+    h_NI = torch.empty(N, I, device=gu_N2I.device, dtype=gu_N2I.dtype)
+    if N:
+        block = min(1024, triton.next_power_of_2(I))
+        _silu_mul_kernel[(N, triton.cdiv(I, block))](gu_N2I, h_NI, I, gu_N2I.stride(0), h_NI.stride(0), BLOCK=block)
+    return h_NI
+
+
+def silu_and_mul_torch(gu_N2I: torch.Tensor) -> torch.Tensor:
+    """Plain-PyTorch twin of :func:`silu_and_mul` (fp32 math, one rounding)."""
+    gate, up = gu_N2I.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(gu_N2I.dtype)
+
+
 def align(ids_TK: torch.Tensor, E: int, block_m: int):
     """(sorted_ids [EM], expert_ids [EM / block_m], used_1): routed rows per expert, padded to block_m
     (padding holds N); EM = N + E·(block_m − 1) rounded up to block_m, the most any routing needs."""
@@ -100,41 +133,45 @@ def fused_moe(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, aligned, cfg) ->
     gu_N2I = torch.empty(T * K, 2 * I, device=x_TH.device, dtype=x_TH.dtype)
     wts_N = weights_TK.reshape(-1).float()
     _gemm(x_TH, gate_up_E2IH, gu_N2I, wts_N, aligned, K, cfg, False)
-    h_NI = F.silu(gu_N2I[:, :I]) * gu_N2I[:, I:]
+    h_NI = silu_and_mul(gu_N2I)
     out_NH = torch.empty(T * K, down_EHI.shape[1], device=x_TH.device, dtype=x_TH.dtype)
     _gemm(h_NI, down_EHI, out_NH, wts_N, aligned, 1, cfg, True)
     return out_NH.view(T, K, -1).sum(dim=1)
 
 
-def candidates(T: int, K: int, E: int) -> list[tuple]:
-    """The configs worth trying at this size: BLOCK_M at most ~4× the mean rows per expert."""
-    cap = max(16, triton.next_power_of_2(max(1, 4 * T * K // E)))
-    return [c for c in CONFIGS if c[0] <= cap]
-
-
-def warm(indices, H: int = 2048, I: int = 1024, E: int = 64, K: int = 8) -> None:  # noqa: E741
-    """Compile CONFIGS[i] for i in ``indices`` (both GEMMs; T = 1 and 16 specialise like every size)."""
+def warm(configs, H: int = 2048, I: int = 1024, E: int = 64, K: int = 8) -> None:  # noqa: E741
+    """Compile each config of ``configs`` (both GEMMs and the activation; T = 1 and 16 specialise as
+    every size does: T·K a multiple of 16 or not)."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     gate_up, down = torch.zeros(E, 2 * I, H, device=dev, dtype=dt), torch.zeros(E, H, I, device=dev, dtype=dt)
     for T in (1, 16):
         x, w = torch.zeros(T, H, device=dev, dtype=dt), torch.ones(T, K, device=dev)
         ids = torch.arange(T * K, device=dev).view(T, K) % E
-        for i in indices:
-            c = CONFIGS[int(i)]
+        for c in configs:
             try:
-                fused_moe(x, w, ids, gate_up, down, align(ids, E, c[0]), c)
+                fused_moe(x, w, ids, gate_up, down, align(ids, E, c[0]), tuple(c))
             except Exception:  # noqa: BLE001, S112 - the race skips a config this GPU cannot hold
                 continue
     torch.cuda.synchronize()
 
 
-def precompile(workers: int = 7) -> None:
-    """Compile every config in parallel processes (Triton's disk cache), before the race times any."""
+def precompile(configs, workers: int = 7) -> None:
+    """Compile ``configs`` in parallel processes (Triton's disk cache), before the race times any. The
+    configs compiled into the cache are listed inside it (``peer_configs.json``) and not compiled again:
+    a later run on the same cache starts no workers for them."""
+    import json
+    import os
+    import pathlib
     import subprocess
     import sys
 
-    code = "import sys; from dispatch_book.bench.peers import warm; warm(sys.argv[1:])"
-    procs = [subprocess.Popen([sys.executable, "-c", code, *map(str, range(w, len(CONFIGS), workers))])
-             for w in range(workers)]
-    for p in procs:
-        p.wait()
+    cache = os.environ.get("TRITON_CACHE_DIR") or str(pathlib.Path.home() / ".triton" / "cache")  # Triton's default
+    note = pathlib.Path(cache) / "peer_configs.json"
+    done = {tuple(c) for c in json.loads(note.read_text())} if note.is_file() else set()
+    configs = [list(c) for c in dict.fromkeys(tuple(c) for c in configs) if c not in done]
+    code = "import json, sys; from dispatch_book.bench.peers import warm; warm(json.loads(sys.argv[1]))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(configs[w::workers])])
+             for w in range(min(workers, len(configs)))]
+    if all(p.wait() == 0 for p in procs) and configs:
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(json.dumps(sorted(done | {tuple(c) for c in configs})))

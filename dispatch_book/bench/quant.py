@@ -1,13 +1,16 @@
 """Benchmark of quantized experts: bf16 (ours) vs int8 and fp8 codes, T = 1 … 16384, CUDA graphs.
 
     python -m dispatch_book.bench quant [--out results] [--shapes a,b] [--tokens 1,64,4096] [--quick]
+        [--routing zipf:3]
 
 ``--quick`` (about two minutes on an H200, most of it compiling): OLMoE and Mixtral, T = 1, 8, 64
 (decode) and 4096, 16384 (grouped), the int8-channel and fp8-block128 schemes (+ w8a8), and the
 layer errors of those two shapes only.
 
 For each shape the bf16 experts are quantized with every scheme of :data:`dispatch.quant.SCHEMES`;
-for each token count one routing (softmax top-K of random logits) is given to every contestant:
+for each token count one routing (``--routing``, :mod:`dispatch.tune.routing_dist`: by default the
+softmax top-K of random logits; rows record its name and the draw's busiest/mean expert load; other
+than uniform, rows go to ``quant_skewed.json``; tiles: the tile policy's) is given to every contestant:
 
     T ≤ 64   bf16 ``moe_decode``  vs  ``moe_decode_quant`` (w8a16) per scheme, and w8a8 (fp8 schemes),
              and fp8 codes beside fp16 activations (``<scheme>+fp16``: a model run in fp16, x cast
@@ -40,9 +43,9 @@ from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.quant_gemv import moe_decode_quant, moe_decode_quant_torch, quant_tiles
 from dispatch.kernels.quant_grouped import moe_experts_quant, moe_experts_quant_torch
-from dispatch.reference import route_reference
+from dispatch.tune import routing_dist
 from dispatch_book import bench
-from dispatch_book.bench import hf_baselines
+from dispatch_book.bench import hf_baselines, skew
 from dispatch_book.bench.kernels import _within
 
 SHAPES = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-moe-16b", "mixtral-8x7b")
@@ -106,7 +109,7 @@ def _fp16_contestant(x, w_TK, ids, qe):
 
 
 def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=print,
-            schemes=quant.SCHEMES) -> tuple[list[dict], list[dict]]:
+            schemes=quant.SCHEMES, routing: str = "uniform") -> tuple[list[dict], list[dict]]:
     """(rows per token count, memory rows per scheme) of one shape; ``timer(fn)`` → time_ms dict."""
     cfg = PRESETS[name]
     dt = runtime.compute_dtype(dev)
@@ -123,10 +126,10 @@ def measure(name: str, tokens, dev, read_bps: float, *, timer=graph_time, log=pr
     for T in tokens:
         g = torch.Generator(device=dev).manual_seed(T)
         x = torch.randn(T, cfg.H, generator=g, device=dev).to(dt)
-        w_TK, ids = route_reference(torch.randn(T, cfg.E, generator=g, device=dev), cfg)
+        w_TK, ids = routing_dist.draw(routing, cfg, T, g)
         uniq = int(torch.unique(ids).numel())
-        row = {"shape": name, "tokens": T, "unique_experts": uniq, "path": "decode" if T <= 64 else "grouped",
-               "contestants": {}}
+        row = {"shape": name, "tokens": T, **routing_dist.describe(routing, cfg, ids), "unique_experts": uniq,
+               "path": "decode" if T <= 64 else "grouped", "contestants": {}}
         with torch.no_grad():
             fns = contestants(T, x, w_TK, ids, gu, dn, qes)
             y_bf16 = fns["bf16"][0]()
@@ -177,8 +180,10 @@ def figure(doc: dict):
     """Speed-up over bf16 at every T (top) and % of the read ceiling in stored bytes (bottom, decode)."""
     import matplotlib.pyplot as plt
 
+    from dispatch_book.figures import SMALL_PT, WIDTH_IN
+
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
-    width = min(9.4, 1.0 + 2.6 * len(shapes))  # inches: drawn at >= 70% in the book column
+    width = min(WIDTH_IN, 1.0 + 2.6 * len(shapes))  # inches: the book's widest at most
     fig, axes = plt.subplots(2, len(shapes), figsize=(width, 6.2), squeeze=False, sharey="row")
     names = [c for c in dict.fromkeys(c for r in doc["rows"] for c in r["contestants"]) if not c.endswith("no TMA")]
     top = 100.0  # the lower panels' ceiling: 100%, or the highest point (a read can beat the 4 GiB ceiling)
@@ -205,39 +210,58 @@ def figure(doc: dict):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.legend(handles, labels, fontsize=SMALL_PT, loc="lower center", ncol=3, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench quant")
-    p.add_argument("--shapes", default=None, help=f"default {','.join(SHAPES)}")
-    p.add_argument("--tokens", default=None, help=f"default {','.join(map(str, TOKENS))}")
+    p.add_argument("--shapes", default=None, type=bench.preset_list, help=f"default {','.join(SHAPES)}")
+    p.add_argument("--tokens", default=None, type=bench.int_list, help=f"default {','.join(map(str, TOKENS))}")
     p.add_argument("--quick", action="store_true",
                    help=f"shapes {QUICK_SHAPES}, tokens {QUICK_TOKENS}, schemes {QUICK_SCHEMES} (~2 min)")
+    skew.add_routing_arg(p)
     bench.add_output_args(p)
     a = p.parse_args(argv)
+    routing = skew.parse_or_exit(a.routing)
     if not runtime.HAS_CUDA:
         raise SystemExit("the quant benchmark needs a CUDA GPU (chapter 7 plots the recorded results instead)")
     dev = torch.device("cuda")
     read_bps, source = read_ceiling()
-    shapes = a.shapes.split(",") if a.shapes else QUICK_SHAPES if a.quick else SHAPES
-    tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else QUICK_TOKENS if a.quick else TOKENS
+    shapes = a.shapes or (QUICK_SHAPES if a.quick else SHAPES)
+    tokens = tuple(a.tokens) if a.tokens else QUICK_TOKENS if a.quick else TOKENS
     schemes = QUICK_SCHEMES if a.quick else quant.SCHEMES
     rows, memory = [], []
+    extra = {"read_bps": read_bps, "read_bps_source": source, "memory": memory,
+             "dtype": str(runtime.compute_dtype(dev)), "quick": a.quick, "timing": "graph_7x30",
+             "fp8_convert": "bits" if quant_kernels.BITS_CVT else "hw"}
     for name in shapes:
-        r, m = measure(name, tokens, dev, read_bps, schemes=schemes)
+        r, m = measure(name, tokens, dev, read_bps, schemes=schemes, routing=routing)
         rows += r
         memory += m
-    errors = layer_errors(dev, QUICK_SHAPES if a.quick else tuple(PRESETS), schemes)
-    path = bench.save("quant", rows, out=a.out, allow_dirty=a.allow_dirty,
-                      extra={"read_bps": read_bps, "read_bps_source": source, "memory": memory,
-                             "layer_errors": errors, "dtype": str(runtime.compute_dtype(dev)),
-                             "quick": a.quick, "timing": "graph_7x30",
-                             "fp8_convert": "bits" if quant_kernels.BITS_CVT else "hw"})
+        # after every shape: a run cut short keeps what it measured
+        bench.save(skew.results_name("quant", routing), rows, out=a.out, allow_dirty=a.allow_dirty, extra=extra)
+    extra["layer_errors"] = layer_errors(dev, QUICK_SHAPES if a.quick else tuple(PRESETS), schemes)
+    path = bench.save(skew.results_name("quant", routing), rows, out=a.out, allow_dirty=a.allow_dirty, extra=extra)
     print(f"wrote {path}")
 
 
 if __name__ == "__main__":
     main()
+
+
+def peer_said(doc: dict | None, name: str = "hf_fp8", ours: str = "fp8-block128") -> str:
+    """What a recording holds of transformers' fp8 experts (``name``), as a clause for the prose: at how
+    many sizes it ran and its time over ours on the same codes, or why it did not run."""
+    cells = [r["contestants"][name] for r in (doc or {}).get("rows", []) if name in r["contestants"]]
+    if not cells:
+        return "the recording did not include it"
+    ran = [c for c in cells if "median_ms" in c]
+    if not ran:
+        why = cells[0].get("skipped") or cells[0].get("error") or "no time recorded"
+        return f"it did not run at any of the {len(cells)} sizes ({why[:120]})"
+    x = [r["contestants"][name]["median_ms"] / r["contestants"][ours]["median_ms"] for r in doc["rows"]
+         if "median_ms" in r["contestants"].get(name, {}) and "median_ms" in r["contestants"].get(ours, {})]
+    span = f", at {min(x):.2f}–{max(x):.2f}× the time of ours on the same codes" if x else ""
+    return f"it ran at {len(ran)} of the {len(cells)} sizes{span}"

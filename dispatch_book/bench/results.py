@@ -11,7 +11,8 @@ Every row is a flat dict: the case's keys, then the fields of ``time_ms`` (raw m
 A recording re-measured at some sizes only (``save(..., merge=True)``, e.g. the kernels race at
 T ≤ 64 after a decode change) keeps the file's rows at the other sizes and lists its runs in
 ``"parts"``: one ``{"sizes": [[shape, tokens], ...], "git_commit", "date", "command"}`` per run
-(:func:`merged`); its top-level fields are the newest run's.
+(:func:`merged`; a size is [shape, tokens, routing] for a routing other than uniform); its
+top-level fields are the newest run's.
 
 Where files go and come from:
 
@@ -35,12 +36,11 @@ import pathlib
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import torch
 
-from dispatch import runtime
+from dispatch import files, runtime
 
 SCRATCH = pathlib.Path("_build") / "results"
 PACKAGE = "dispatch_book.results"
@@ -62,6 +62,36 @@ def add_output_args(parser) -> None:
                              "folder; `--out results` replaces the recording the book reads)")
     parser.add_argument("--allow-dirty", action="store_true", default=_cli["allow_dirty"],
                         help="record a run of uncommitted code (its commit is marked +dirty)")
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type of ``--tokens 1,8,64``: positive ints, or a usage error naming the bad item."""
+    import argparse
+
+    out = []
+    for item in text.split(","):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (e.g. 1,8,64), "
+                                             f"got {item!r} in {text!r}") from None
+        if out[-1] < 1:
+            raise argparse.ArgumentTypeError(f"expected positive integers, got {out[-1]} in {text!r}")
+    return out
+
+
+def preset_list(text: str) -> list[str]:
+    """argparse type of ``--shapes olmoe-1b-7b,mixtral-8x7b``: names of :data:`dispatch.config.PRESETS`."""
+    import argparse
+
+    from dispatch.config import PRESETS
+
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in PRESETS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown preset {', '.join(map(repr, bad)) or repr(text)}; choose from "
+                                         f"{', '.join(sorted(PRESETS))}")
+    return names
 
 
 def gpu_slug(name: str | None = None) -> str:
@@ -152,19 +182,17 @@ def save(name: str, rows: list[dict], *, out: str | os.PathLike | None = None, c
     if merge and path.is_file():
         doc = merged(doc, json.loads(path.read_text()))
     text = json.dumps(doc, indent=1) + "\n"  # serialise first: a bad row never leaves half a file
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    return files.write_text(path, text)  # whole or not at all
 
 
 _SAME = ("benchmark", "gpu", "gpu_count", "versions", "ceilings")  # what one merged recording must share
 
 
 def _size(row: dict) -> tuple:
-    return row.get("shape"), row.get("tokens")
+    """What a merge keys rows by: (shape, tokens), and the routing where it is not uniform
+    (``dispatch_book.bench.skew``: a skewed file may hold several routings)."""
+    routing = row.get("routing", "uniform")
+    return (row.get("shape"), row.get("tokens")) + (() if routing == "uniform" else (routing,))
 
 
 def _part(doc: dict) -> dict:
@@ -195,9 +223,10 @@ def merged(new: dict, old: dict) -> dict:
 
 def _sizes_text(sizes: list, all_shapes: set) -> str:
     """"T = 1, 8, 64", plus "for SHAPES" when the run measured some of the recording's shapes only."""
-    tokens = sorted({t for _, t in sizes if t is not None})
-    shapes = sorted({s for s, _ in sizes if s is not None})
-    text = f"T = {', '.join(map(str, tokens))}"
+    tokens = sorted({s[1] for s in sizes if s[1] is not None})
+    shapes = sorted({s[0] for s in sizes if s[0] is not None})
+    routings = sorted({s[2] for s in sizes if len(s) > 2})
+    text = f"T = {', '.join(map(str, tokens))}" + (f" ({', '.join(routings)} routing)" if routings else "")
     return text if set(shapes) >= all_shapes else f"{text} for {', '.join(shapes)}"
 
 
@@ -218,26 +247,39 @@ def recorded():
 
 
 def load(name: str, gpu: str | None = None, *, root: str | os.PathLike | None = None) -> dict | None:
-    """The recorded file of benchmark ``name`` for GPU ``gpu`` (a name or slug: ``"h200"``), or
-    the newest over all GPUs when ``gpu`` is None; None when there is none.
+    """The recorded file of benchmark ``name``: of GPU ``gpu`` (a name or slug: ``"h200"``) when given,
+    else of the set the chapters read here (:func:`dispatch_book.bench.sets.current`: this GPU's complete
+    set, else ``$DISPATCH_RESULTS_GPU`` or the newest complete one); None when there is none.
 
-    Only a file whose recorded ``gpu`` is the folder's GPU counts, and CPU runs (``cpu*`` folders)
-    are returned only when asked for by name (``gpu="cpu"``): a CPU run never stands in for a GPU.
-    ``root``: another results folder (e.g. ``_build/results`` after a run of your own).
+    Only a file whose recorded ``gpu`` is the folder's GPU counts, and CPU runs (``cpu*`` folders) are
+    read only when asked for by name (``gpu="cpu"``): a CPU run never stands in for a GPU. A recording
+    of uncommitted code (``+dirty``) is refused: it cannot be reproduced. A benchmark outside the set
+    (``sets.SET``) must name its GPU. ``root``: another results folder (e.g. ``_build/results``).
     """
+    from dispatch_book.bench import sets
+
     base = pathlib.Path(root) if root is not None else recorded()
-    if gpu is not None:
-        slugs = [gpu_slug(gpu)]
+    if gpu is None:
+        if name not in sets.SET and name not in sets.OPTIONAL:
+            raise ValueError(f"{name!r} is not one of the recordings of a set ({', '.join(sets.SET)}): name "
+                             f"the GPU it was recorded on, load({name!r}, gpu=...)")
+        slug = sets.current(root)
+        if slug is None:
+            return None
     else:
-        slugs = [d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith(("cpu", "_", "."))]
-    docs = []
-    for slug in slugs:
-        f = base.joinpath(slug, f"{name}.json")
-        if f.is_file():
-            doc = json.loads(f.read_text())
-            if gpu_slug(doc.get("gpu") or "cpu") == slug:
-                docs.append(doc)
-    return max(docs, key=lambda d: d["date"]) if docs else None
+        slug = gpu_slug(gpu)
+    f = base.joinpath(slug, f"{name}.json")
+    if not f.is_file():
+        return None
+    doc = json.loads(f.read_text())
+    if gpu_slug(doc.get("gpu") or "cpu") != slug:
+        return None
+    dirty = [c for c in [doc.get("git_commit", "")] + [p["git_commit"] for p in doc.get("parts") or []]
+             if c.endswith("+dirty")]
+    if dirty:
+        raise ValueError(f"results/{slug}/{name}.json was recorded from uncommitted code (commit {dirty[0]}): "
+                         f"it cannot be reproduced; record it again from a commit")
+    return doc
 
 
 def provenance(doc: dict, label: str | None = None) -> str:
@@ -248,13 +290,17 @@ def provenance(doc: dict, label: str | None = None) -> str:
     v, on = doc["versions"], f"Recorded on {doc.get('gpu_count') or 1}x {doc['gpu']}"
     software = f"torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}"
     if not doc.get("parts"):
-        text = (f"{on} on {doc['date'][:10]} ({software}, commit {doc['git_commit'][:10]}) "
+        text = (f"{on} on {doc['date'][:10]} ({software}, commit {doc['git_commit']}) "
                 f"by `{doc['command']}`.")
     else:  # merged from runs at different commits: which sizes each run measured
         shapes = {r.get("shape") for r in doc["rows"]} - {None}
         runs = "; ".join(f"{_sizes_text(p['sizes'], shapes)} on {p['date'][:10]} at commit "
-                         f"{p['git_commit'][:10]} by `{p['command']}`" for p in doc["parts"])
+                         f"{p['git_commit']} by `{p['command']}`" for p in doc["parts"])
         text = f"{on} ({software}) in {len(doc['parts'])} runs: {runs}."
     if label:
         text = f"{label}: {text}"
-    return textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column
+    text = textwrap.fill(text, width=88, break_on_hyphens=False)  # the book's text column
+    from dispatch_book.bench import evidence
+
+    note = evidence.stale_note(doc)
+    return text if note is None else f"{text}\n{note}"

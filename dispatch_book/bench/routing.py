@@ -4,9 +4,10 @@
 
 For each layer shape (E experts, top-K, its routing family) and token count T, times
 ``route`` vs ``route_torch`` (the reference router), ``sort_by_expert`` vs ``sort_by_expert_torch``,
-and the two chained (``route+sort``). Ours is checked against the twin before it is timed. Each
-call is timed as a Python caller sees it (``median_ms``, host launch overhead included); ours, on
-a GPU, also from a CUDA graph (``graph_median_ms``, the kernels alone, as a decode step runs them).
+and the two chained (``route+sort``). Ours is checked against the twin before it is timed. On a
+GPU each call is timed from a CUDA graph (``median_ms``: the kernels alone, as a decode step runs
+them), with the host's time to issue it (``host_us``) and one eager call (``eager_ms``) beside it
+(:func:`measure`); on the CPU by the wall clock.
 Rows go to ``<out>/<gpu>/routing_sort.json`` via ``dispatch_book.bench.save`` (``--out results``
 records them for the book).
 """
@@ -68,7 +69,13 @@ def _contestants(cfg, logits, bias, ids, block_m) -> dict:
 
 
 def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 64) -> list[dict]:
-    """Rows of {shape, E, K, T, op, impl, median_ms, min_ms, max_ms, samples} for every case."""
+    """Rows of {shape, E, K, T, op, impl, median_ms, min_ms, max_ms, samples, ...} for every case.
+
+    On a GPU every contestant is timed as a decode step runs it, from a CUDA graph (``median_ms``: the
+    kernels alone, launch overhead apart), with two more numbers beside it: ``host_us``, the host's time
+    to issue one eager call (Python, argument checks, launches), and ``eager_ms``, one eager call as
+    ``triton.testing.do_bench`` times it (L2 flushed before each call: the GPU's clock starts when the
+    flush ends, so the host's time hides behind the flush up to its length and shows beyond it)."""
     dev = runtime.device(device)
     tokens = tokens or (TOKENS if dev.type == "cuda" else CPU_TOKENS)
     rows = []
@@ -79,29 +86,32 @@ def measure(device: str = "auto", *, shapes=SHAPES, tokens=None, block_m: int = 
             ids = _check(cfg, logits, bias, block_m)
             fns = _contestants(cfg, logits, bias, ids, block_m)
             for (op, impl), fn in fns.items():
-                t = bench.time_ms(fn) if dev.type == "cuda" else bench.time_ms(fn, warmup=1, rep=3)
-                rows.append({"shape": name, "E": cfg.E, "K": cfg.K, "T": T, "op": op, "impl": impl,
-                             "block_m": block_m, "dtype": str(logits.dtype).replace("torch.", ""), **t})
-                if dev.type == "cuda" and impl == "ours":  # capturable (no host sync): the kernels alone
-                    rows[-1]["graph_median_ms"] = graph_7x30(fn)["median_ms"]
+                row = {"shape": name, "E": cfg.E, "K": cfg.K, "T": T, "op": op, "impl": impl, "block_m": block_m,
+                       "dtype": str(logits.dtype).replace("torch.", "")}
+                if dev.type == "cuda":  # both are capturable (no host sync): the kernels alone
+                    row |= graph_7x30(fn)
+                    row["eager_ms"] = bench.time_ms(fn)["median_ms"]
+                else:
+                    row |= bench.time_ms(fn, warmup=1, rep=3)
+                rows.append(row)
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tokens", default=None, help="comma-separated token counts")
+    ap = argparse.ArgumentParser(prog="python -m dispatch_book.bench routing", description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list)
+    ap.add_argument("--tokens", default=None, type=bench.int_list, help="comma-separated token counts")
     ap.add_argument("--block-m", type=int, default=64)
     ap.add_argument("--device", default="auto")
     bench.add_output_args(ap)
     args = ap.parse_args(argv)
     bench.results.checked_commit(args.allow_dirty)  # refuse before measuring, not after
-    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
-    rows = measure(args.device, shapes=args.shapes.split(","), tokens=tokens, block_m=args.block_m)
+    tokens = tuple(args.tokens) if args.tokens else None
+    rows = measure(args.device, shapes=args.shapes, tokens=tokens, block_m=args.block_m)
     path = bench.save("routing_sort", rows, out=args.out, allow_dirty=args.allow_dirty)
     by = {(r["shape"], r["T"], r["op"], r["impl"]): r["median_ms"] for r in rows}
     ops = ("route", "sort", "route+sort")
-    print(f"{'shape':<16}{'T':>7}  " + "  ".join(f"{op + ' ours/torch (us)':>28}" for op in ops))
+    print(f"{'shape':<16}{'T':>7}  " + "  ".join(f"{op + ' ours/torch (us, graph)':>28}" for op in ops))
     for shape, T in dict.fromkeys((r["shape"], r["T"]) for r in rows):
         cells = [f"{by[shape, T, op, 'ours'] * 1e3:>12.1f} / {by[shape, T, op, 'torch'] * 1e3:>12.1f}"
                  for op in ops]

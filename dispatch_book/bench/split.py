@@ -110,17 +110,17 @@ def measure(name: str, T: int, w, dev, dtype, log=print) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench split")
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list)
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), type=bench.int_list)
     bench.add_output_args(p)
     a = p.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the split race is graph-timed: it needs a CUDA GPU")
     dev, dtype = torch.device("cuda"), runtime.compute_dtype(torch.device("cuda"))
     rows = []
-    for name in a.shapes.split(","):
+    for name in a.shapes:
         w = random_weights(PRESETS[name], dtype=dtype, device=dev)
-        for T in (int(t) for t in a.tokens.split(",")):
+        for T in a.tokens:
             r = measure(name, T, w, dev, dtype)
             f = lambda v: f"{v:7.1f}" if v else "      -"  # noqa: E731
             print(f"{name:16s} T={T:3d} chain {f(r['chain_us'])} one launch {f(r['one_launch_us'])} "

@@ -98,10 +98,12 @@ def figure(doc: dict, shape: str, tokens: int):
     the median SM's finish dashed: what lies right of it is the tail."""
     import matplotlib.pyplot as plt
 
+    from dispatch_book.figures import SMALL_PT, WIDTH_IN
+
     rows = [r for r in doc["rows"] if r["shape"] == shape and r["tokens"] == tokens and r.get("trace")]
     if not rows:
         raise ValueError(f"the recording has no trace of {shape} at T={tokens}")
-    fig, axes = plt.subplots(len(rows), 1, figsize=(9.4, 0.8 + 2.4 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(WIDTH_IN, 0.8 + 2.4 * len(rows)), squeeze=False)
     for ax, r in zip(axes[:, 0], rows, strict=True):
         line = {sm: i for i, sm in enumerate(sorted({t[0] for t in r["trace"]}))}
         for kind, color, label in KINDS:
@@ -112,7 +114,7 @@ def figure(doc: dict, shape: str, tokens: int):
         ax.axvline(r["sm_finish_median_us"], color="k", lw=0.8, ls="--", label="median SM done")
         ax.set(title=f"{r['kernel']}: {r['span_us']:.0f} µs, tail {r['tail_us']:.0f} µs", ylabel="SM",
                xlabel="µs from the first item")
-        ax.legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=SMALL_PT, loc="lower left")
     fig.suptitle(f"{shape}, {tokens} tokens", fontsize=10)
     fig.tight_layout()
     return fig
@@ -120,16 +122,16 @@ def figure(doc: dict, shape: str, tokens: int):
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dispatch_book.bench timeline")
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--shapes", default=",".join(SHAPES), type=bench.preset_list)
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), type=bench.int_list)
     bench.add_output_args(p)
     a = p.parse_args(argv)
     if not runtime.HAS_CUDA:
         raise SystemExit("the timeline reads the GPU's clock: it needs a CUDA GPU")
     dev, dtype = torch.device("cuda"), runtime.compute_dtype(torch.device("cuda"))
     rows = []
-    for name in a.shapes.split(","):
-        for T in (int(t) for t in a.tokens.split(",")):
+    for name in a.shapes:
+        for T in a.tokens:
             for r in trace_layer(name, T, dev, dtype):
                 print(f"{name:16s} T={T:3d} {r['kernel']:10s} span {r['span_us']:7.1f} us, tail {r['tail_us']:6.1f} us,"
                       f" {r['sms']} SMs, items/program {r['items_per_program']}, busy {r['busy_share']:.0%}")

@@ -1,6 +1,26 @@
-"""The book's figures: one module per chapter (``routing``, ``sorting``, ``gemm``, ``decode``,
-``parallel``, ``balance``, ``engine``), sharing the few conventions below."""
+"""The book's figures: one module per chapter (``routing``, ``triton``, ``sorting``, ``gemm``,
+``decode``, ``parallel``, ``balance``, ``engine``, ``serving``, ``speculative``), sharing the few
+conventions below. Every PNG drawn once this package is imported records the size of its smallest
+text (``textsize``), which the page check holds to 9 px as the book shows it."""
 from __future__ import annotations
+
+from dispatch_book.figures import textsize
+
+textsize.record()
+
+# The widest figure: 9.4 in at the inline backend's 100 dpi, about 950 px with its tight bounding box,
+# which the book shows in a cell's output area (676 px at a 1280 px window) at 71%. Its smallest
+# text, SMALL_PT = 10 pt (13.9 px drawn), then shows at 9.9 px: at least textsize.MIN_TEXT_PX (9),
+# which the page check holds. (9 pt would show at 8.9-9.1 px: too close.)
+WIDTH_IN = 9.4
+SMALL_PT = 10
+
+
+def fits(text: str, width_in: float, fontsize: float = SMALL_PT) -> bool:
+    """Whether ``text`` (one line) set in ``fontsize`` points in the default font is at most ``width_in`` wide."""
+    from matplotlib.textpath import TextPath
+
+    return TextPath((0, 0), text, size=fontsize).get_extents().width / 72 <= width_in
 
 # One palette for contestants across every chapter's benchmark figures.
 COLORS = {
@@ -32,6 +52,6 @@ def finish_grid(fig, axes, used: int, ylabel: str):
     for ax in axes.flat[used:]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=3, frameon=False)
+    fig.legend(handles, labels, fontsize=SMALL_PT, loc="lower center", ncol=3, frameon=False)
     fig.tight_layout(rect=(0, 0.12 / axes.shape[0], 1, 1))
     return fig

@@ -6,6 +6,8 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from dispatch_book.figures import SMALL_PT, WIDTH_IN
+
 # The balancing study's settings, in order: colours that differ (not dash styles).
 STUDY_COLORS = ("#7f7f7f", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e")
 
@@ -20,13 +22,13 @@ def load_histograms(counts_LE: torch.Tensor, title: str = "Expert load per layer
     L, E = counts_LE.shape
     cols = min(L, 4)
     rows = (L + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(min(3.2 * cols, 9.4), 2.4 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(min(3.2 * cols, WIDTH_IN), 2.4 * rows), squeeze=False, sharey=True)
     for layer in range(L):
         ax = axes[layer // cols][layer % cols]
         c = counts_LE[layer].double()
         ax.bar(range(E), (c / c.mean()).tolist(), color="tab:blue")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_title(f"layer {names[layer]}", fontsize=9)
+        ax.set_title(f"layer {names[layer]}", fontsize=SMALL_PT)
         ax.set_xlabel("expert")
     for i in range(L, rows * cols):
         axes[i // cols][i % cols].axis("off")
@@ -56,7 +58,7 @@ def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor
             cf = "dropless" if r["capacity_factor"] is None else f"CF {r['capacity_factor']}"
             groups.setdefault((round(x, 1), round(y, 1)), []).append(cf)
         for j, ((x, y), names) in enumerate(groups.items()):
-            ax.annotate(", ".join(names), (x, y), fontsize=9, color=col, textcoords="offset points",
+            ax.annotate(", ".join(names), (x, y), fontsize=SMALL_PT, color=col, textcoords="offset points",
                         xytext=(4, dy + (10 if dy > 0 and j % 2 else 0)))
     ax.set_xlabel("routed (token, expert) pairs dropped (%)")
     ax.set_ylabel("perplexity increase over dropless (%)")
@@ -68,7 +70,7 @@ def capacity_tradeoff(ours: list[dict], anchor: list[dict] | None = None, anchor
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left")
+    ax.legend(fontsize=SMALL_PT, loc="upper left")
     ax.set_title("What a capacity limit costs at inference")
     fig.tight_layout()
     return fig
@@ -102,7 +104,7 @@ def training_curves(rows: list[dict]):
 
     ``rows``: the balancing study's rows (``label``, ``seed``, ``curves`` with ``step``,
     ``imbalance``, ``eval_step``, ``eval_ppl``)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.8))
     labels = list(dict.fromkeys(r["label"] for r in rows))
     for i, label in enumerate(labels):
         col = STUDY_COLORS[i % len(STUDY_COLORS)]
@@ -125,7 +127,7 @@ def training_curves(rows: list[dict]):
     b.yaxis.set_major_formatter(ScalarFormatter())
     b.yaxis.set_minor_formatter(NullFormatter())
     b.set_title("Validation perplexity")
-    a.legend(fontsize=9)
+    a.legend(fontsize=SMALL_PT)
     fig.tight_layout()
     return fig
 
@@ -136,7 +138,7 @@ def study_spread(rows: list[dict]):
     seed share the initial weights and the batches, so a seed's line is a paired comparison).
 
     ``rows``: the balancing study's rows (``label``, ``seed``, ``final``)."""
-    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.6))
     labels = list(dict.fromkeys(r["label"] for r in rows))
     seeds = sorted({r["seed"] for r in rows})
     for ax, key, name in ((axes[0], "imbalance", "busiest expert / mean"),
@@ -150,7 +152,7 @@ def study_spread(rows: list[dict]):
             col = STUDY_COLORS[i % len(STUDY_COLORS)]
             ax.scatter([i] * len(v), v, color=col, s=28, zorder=3)
             ax.hlines(sum(v) / len(v), i - 0.25, i + 0.25, color=col, lw=2.5, zorder=2)
-        ax.set_xticks(range(len(labels)), [lb.replace(" (", "\n(") for lb in labels], fontsize=9)
+        ax.set_xticks(range(len(labels)), [lb.replace(" (", "\n(") for lb in labels], fontsize=SMALL_PT)
         ax.set_ylabel(name)
         ax.grid(axis="y", alpha=0.3)
     axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
@@ -175,6 +177,6 @@ def placement_bars(table: dict[int, dict[str, float]]):
     ax.set_ylabel("busiest rank / mean rank")
     ax.set_title("Expert placement")
     ax.set_ylim(0.9, max(max(row.values()) for row in table.values()) * 1.05)
-    ax.legend(fontsize=9, loc="upper left")
+    ax.legend(fontsize=SMALL_PT, loc="upper left")
     fig.tight_layout()
     return fig

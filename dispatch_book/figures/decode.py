@@ -6,7 +6,7 @@ import math
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from dispatch_book.figures import color, finish_grid
+from dispatch_book.figures import SMALL_PT, WIDTH_IN, color, finish_grid, fits
 
 LABELS = {"ours": "ours (moe_decode)", "ours_graph": "ours, CUDA graph", "ours_wide": "ours, wide tiles",
           "batched_mm": "transformers batched_mm", "grouped_mm": "transformers grouped_mm",
@@ -21,21 +21,25 @@ def tiling(ids_TK, num_experts: int, I: int, block_i: int, *, H: int | None = No
     used = sorted(set(ids_TK.flatten().tolist()))
     cmap = plt.get_cmap("tab20")
     n_tiles = -(-I // block_i)
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.4, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
     for t in range(T):
         for k in range(K):
             e = int(ids_TK[t, k])
             a0.add_patch(Rectangle((k, T - 1 - t), 1, 1, color=cmap(e % 20), ec="white"))
-            a0.text(k + 0.5, T - 0.5 - t, str(e), ha="center", va="center", fontsize=8)
+            a0.text(k + 0.5, T - 0.5 - t, str(e), ha="center", va="center", fontsize=SMALL_PT)
     a0.set(xlim=(0, K), ylim=(0, T), xticks=[k + 0.5 for k in range(K)], xticklabels=range(K),
            yticks=[T - 0.5 - t for t in range(T)], yticklabels=range(T), xlabel="k", ylabel="token t",
            title="ids_TK (expert of each routed row)")
+    slot_in = 0.8 * WIDTH_IN * 2.2 / 3.2 / len(used)  # a slot's width in the figure, inches
+    rows_of = {e: [t * K + k for t in range(T) for k in range(K) if int(ids_TK[t, k]) == e] for e in used}
+    with_rows = all(fits(f"rows {rows_of[e]}", slot_in) for e in used)  # else the experts only
+    every = next(n for n in range(1, len(used) + 1) if fits(f"e{max(used)}", n * slot_in))  # many: every few
     for s, e in enumerate(used):
-        rows = [t * K + k for t in range(T) for k in range(K) if int(ids_TK[t, k]) == e]
         for i in range(n_tiles):
             a1.add_patch(Rectangle((s, n_tiles - 1 - i), 0.92, 0.92, color=cmap(e % 20), alpha=0.85))
-        label = f"e{e}\nrows {rows}" if len(used) <= 12 else f"e{e}"  # many slots: no room for the rows
-        a1.text(s + 0.46, n_tiles + 0.2, label, ha="center", va="bottom", fontsize=7 if len(used) <= 12 else 6)
+        if s % every == 0:
+            label = f"e{e}\nrows {rows_of[e]}" if with_rows else f"e{e}"
+            a1.text(s + 0.46, n_tiles + 0.2, label, ha="center", va="bottom", fontsize=SMALL_PT)
     room = max(1.6, 0.15 * n_tiles)  # above the tiles, for the labels (in tile units)
     a1.set(xlim=(-0.2, len(used)), ylim=(0, n_tiles + room), xticks=[], yticks=[],
            xlabel=f"slot = used expert ({len(used)} of {num_experts})",
@@ -53,7 +57,7 @@ def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
     shapes = list(dict.fromkeys(r["shape"] for r in doc["rows"]))
     cols = min(2, len(shapes))
     nrows = -(-len(shapes) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(9.4, 3.6 * nrows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(nrows, cols, figsize=(WIDTH_IN, 3.6 * nrows), squeeze=False, sharey=True)
     for ax, shape in zip(axes.flat, shapes, strict=False):
         rows = [r for r in doc["rows"] if r["shape"] == shape]
         names = list(dict.fromkeys(n for r in rows for n in r["contestants"]))
@@ -67,7 +71,7 @@ def bandwidth(doc: dict, hbm_bps: float, *, hbm_label: str = "HBM"):
         ax.axhline(hbm_bps / 1e9, color=color("ceiling"), lw=1)
         ax.axhline(0.8 * hbm_bps / 1e9, color=color("ceiling"), lw=0.8, ls=":")
         ax.text(1, hbm_bps / 1e9 * 1.02, f"{hbm_label} {hbm_bps / 1e12:.2f} TB/s (80% dotted)",
-                fontsize=9, va="bottom")
+                fontsize=SMALL_PT, va="bottom")
         ax.set(xscale="log", xlabel="tokens", title=shape, ylim=(0, 1.12 * hbm_bps / 1e9))
         ax.set_xticks([r["tokens"] for r in rows], [str(r["tokens"]) for r in rows])
     return finish_grid(fig, axes, len(shapes), "GB/s of expert weights read")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from dispatch_book.figures import color, finish_grid
+from dispatch_book.figures import SMALL_PT, WIDTH_IN, color, finish_grid, fits
 
 LABELS = {"ours_grouped": "ours (grouped GEMM)", "ours_decode": "ours (decode kernels)",
           "ours_layer": "ours, whole layer (router+sort)", "hf_eager": "transformers eager",
@@ -29,7 +29,7 @@ def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid", 
     tiles_all = -(-n_cols // block_n)
     used, n_tiles = min(used_all, max_blocks), min(tiles_all, max_tiles)
     cmap = plt.get_cmap("tab20")
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9.4, 4.2), gridspec_kw={"width_ratios": [1.4, 1.2]})
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(WIDTH_IN, 4.2), gridspec_kw={"width_ratios": [1.4, 1.2]})
     for s in range(used * bm):
         e = be[s // bm]
         pad = rows[s] >= N
@@ -39,13 +39,15 @@ def tiling(routes, n_cols: int, block_n: int, *, title: str = "up kernel grid", 
         a0.axhline(P - b * bm, color="k", lw=1)
         ns = [n for n in rows[b * bm:(b + 1) * bm] if n < N]
         shown = ", ".join(map(str, ns[:5])) + (", ..." if len(ns) > 5 else "")
-        a0.text(1.05, P - b * bm - bm / 2, f"block {b}: e{be[b]}, rows n = {shown}", va="center", fontsize=7)
+        a0.text(1.05, P - b * bm - bm / 2, f"block {b}: e{be[b]}, rows n = {shown}", va="center", fontsize=SMALL_PT)
     a0.set(xlim=(0, 3.2), ylim=(P - used * bm, P), xticks=[], yticks=[],
            title=f"sorted slots (block_m={bm}), padding hatched")
+    named = fits(f"({used - 1},{n_tiles - 1})", 0.8 * WIDTH_IN * 1.2 / 2.6 / n_tiles)  # a program's (b, j) in its cell
     for b in range(used):
         for j in range(n_tiles):
             a1.add_patch(Rectangle((j, used - 1 - b), 0.94, 0.94, fc=cmap(be[b] % 20), alpha=0.85))
-            a1.text(j + 0.47, used - 0.53 - b, f"({b},{j})", ha="center", va="center", fontsize=6)
+            if named:
+                a1.text(j + 0.47, used - 0.53 - b, f"({b},{j})", ha="center", va="center", fontsize=SMALL_PT)
     drawn = "" if (used, n_tiles) == (used_all, tiles_all) else f"\n(first {used} × {n_tiles} drawn)"
     a1.set(xlim=(0, n_tiles), ylim=(0, used), xticks=[], yticks=[], xlabel=f"column tile ({block_n} wide)",
            ylabel="block of sorted rows",
@@ -62,7 +64,7 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
     shapes = shapes or list(dict.fromkeys(r["shape"] for r in rows))
     cols = min(2, len(shapes))
     rows_n = -(-len(shapes) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(9.4, 3.6 * rows_n), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(WIDTH_IN, 3.6 * rows_n), squeeze=False, sharey=True)
     for ax, shape in zip(axes.flat, shapes, strict=False):
         rs = [r for r in rows if r["shape"] == shape and r.get("tflops")]  # a plain read does no FLOPs
         names = contestants or list(dict.fromkeys(r["contestant"] for r in rs))
@@ -73,7 +75,7 @@ def throughput(doc: dict, peak_flops: float, shapes=None, contestants=None, *,
                 ax.plot(*zip(*pts, strict=True), marker="o", ms=3, ls=ls, color=color(base),
                         label=LABELS.get(name, name))
         ax.axhline(peak_flops / 1e12, color=color("ceiling"), lw=1)
-        ax.text(1, peak_flops / 1e12 * 1.1, f"{peak_label} ({peak_flops / 1e12:.0f} TFLOP/s)", fontsize=9)
+        ax.text(1, peak_flops / 1e12 * 1.1, f"{peak_label} ({peak_flops / 1e12:.0f} TFLOP/s)", fontsize=SMALL_PT)
         ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens")
         ax.grid(alpha=0.3, which="both")
     return finish_grid(fig, axes, len(shapes), "TFLOP/s (expert GEMMs)")
@@ -98,12 +100,12 @@ def arc_steps(series: dict[str, dict[str, float]], *, title: str):
         ax.barh(ys, [m if m == m else 0 for m in ms], height=h, color=palette[j % 4], label=label)
         for y, m in zip(ys, ms, strict=True):
             ax.text(m if m == m else min(vals), y, f" {m:.3g} ms" if m == m else " not recorded",
-                    va="center", fontsize=9)
+                    va="center", fontsize=SMALL_PT)
     ax.set_yticks(range(len(steps)), steps)
     ax.invert_yaxis()
     ax.set(xscale="log", xlabel="ms per call (lower is better)", title=title)
     ax.set_xlim(min(vals) / 2, max(vals) * 6)
-    ax.legend(fontsize=9, loc="lower right")
+    ax.legend(fontsize=SMALL_PT, loc="lower right")
     fig.tight_layout()
     return fig
 
@@ -114,7 +116,7 @@ def targets(checks: list[dict]):
     names = list(dict.fromkeys(c["target"] for c in checks))
     shapes = list(dict.fromkeys(c["shape"] for c in checks))
     palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
-    fig, ax = plt.subplots(figsize=(9.4, 0.7 * len(names) + 1.6))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.7 * len(names) + 1.6))
     for j, shape in enumerate(shapes):
         for met in (True, False):
             sel = [c for c in checks if c["shape"] == shape and c["met"] == met]
@@ -126,7 +128,7 @@ def targets(checks: list[dict]):
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set(xscale="log", xlabel="measured / target (right of the line: met; hollow: missed)")
-    ax.legend(fontsize=9, loc="lower right")
+    ax.legend(fontsize=SMALL_PT, loc="lower right")
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return fig
@@ -136,11 +138,11 @@ def sweep(doc: dict, shape: str, tokens: int):
     """Bars: TFLOP/s of each pinned tile config (BLOCK_M, N, K, warps, stages), up and down kernels."""
     rs = [r for r in doc["rows"] if r["shape"] == shape and r["tokens"] == tokens and "tflops" in r
           and r["kernel"] in ("up", "down")]
-    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.6), sharey=True)
     for ax, kind in zip(axes, ("up", "down"), strict=True):
         sel = [r for r in rs if r["kernel"] == kind]
         ax.barh(range(len(sel)), [r["tflops"] for r in sel], color=color("ours"))
-        ax.set_yticks(range(len(sel)), ["×".join(map(str, r["config"])) for r in sel], fontsize=7)
+        ax.set_yticks(range(len(sel)), ["×".join(map(str, r["config"])) for r in sel], fontsize=SMALL_PT)
         ax.set(title=f"{kind} kernel, {shape}, T={tokens}", xlabel="TFLOP/s")
     axes[0].set_ylabel("BLOCK_M×N×K×warps×stages")
     fig.tight_layout()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from dispatch_book.figures import color
+from dispatch_book.figures import SMALL_PT, WIDTH_IN, color
 
 
 def placement_map(placement, load_E=None, *, title: str = ""):
@@ -27,7 +27,7 @@ def placement_map(placement, load_E=None, *, title: str = ""):
     for r in range(R):
         for e in range(E):
             if held[r, e]:
-                ax.text(e, r, str(e), ha="center", va="center", fontsize=7)
+                ax.text(e, r, str(e), ha="center", va="center", fontsize=SMALL_PT)
     ax.set_xticks(range(E))
     ax.set_yticks(range(R), [f"rank {r}" for r in range(R)])
     ax.set_xlabel("expert")
@@ -87,7 +87,7 @@ def ms(row: dict) -> float:
 
 def expert_parallel_timings(doc: dict):
     """Two panels from a results doc: the exchange, and the routed experts / whole layer, vs tokens/GPU."""
-    fig, axes = plt.subplots(1, 2, figsize=(9.4, 4.4))  # 940 px at 100 dpi: the book's column
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 4.4))  # the book's widest
     for ax, kind in zip(axes, ("exchange", "layer"), strict=True):
         by = {}
         for row in doc["rows"]:
@@ -104,6 +104,6 @@ def expert_parallel_timings(doc: dict):
         ax.set_ylabel("ms per call (slowest rank, median)")
         ax.set_title({"exchange": "dispatch + combine", "layer": "MoE experts, EP vs one GPU"}[kind])
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+        ax.legend(fontsize=SMALL_PT, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig

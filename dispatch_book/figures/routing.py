@@ -12,6 +12,7 @@ import torch
 from dispatch.arithmetic import decode_step_roofline, expected_unique_experts, expert_layer_roofline
 from dispatch.config import MoEConfig
 from dispatch.reference import route_reference
+from dispatch_book.figures import SMALL_PT, WIDTH_IN
 
 
 def gates_TE(weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -33,7 +34,7 @@ def routing_heatmap(weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts:
     top.bar(np.arange(E), counts_E, color="tab:blue")
     top.axhline(T * ids_TK.shape[1] / E if T else 0, color="k", lw=0.8, ls="--", label="uniform")
     top.set_ylabel("tokens")
-    top.legend(loc="upper right", fontsize=8, frameon=False)
+    top.legend(loc="upper right", fontsize=SMALL_PT, frameon=False)
     im = ax.imshow(np.ma.masked_equal(g, 0), aspect="auto", cmap="viridis", vmin=0,
                    vmax=max(float(g.max()), 1e-6) if T else 1, interpolation="nearest")
     ax.set_facecolor("#f2f2f2")
@@ -70,8 +71,10 @@ def routing_widget(seed: int = 0):
     def redraw(num_experts, top_k, temperature, tokens):
         draw_routing(num_experts, top_k, temperature, tokens, seed=seed)  # ipywidgets shows the figure
 
-    return interact(redraw, num_experts=IntSlider(16, 2, 64), top_k=IntSlider(2, 1, 8),
-                    temperature=FloatLogSlider(1.0, base=10, min=-1, max=1), tokens=IntSlider(24, 1, 64))
+    label = {"style": {"description_width": "initial"}}  # the whole name ("num_experts"), not "num_exp…"
+    return interact(redraw, num_experts=IntSlider(16, 2, 64, **label), top_k=IntSlider(2, 1, 8, **label),
+                    temperature=FloatLogSlider(1.0, base=10, min=-1, max=1, **label),
+                    tokens=IntSlider(24, 1, 64, **label))
 
 
 def roofline(fn, *args, ceil: dict, **kw):
@@ -126,12 +129,12 @@ def roofline_figure(cfg: MoEConfig, ceil: dict, tokens=(1, 4, 16, 64, 256, 1024,
     rows = [floors(r.flops, r.bytes, ceil) for r in lay]
     t_mem = np.array([r["t_memory_s"] for r in rows]) * 1e6
     t_cmp = np.array([r["t_compute_s"] for r in rows]) * 1e6
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9.4, 3.6), constrained_layout=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.6), constrained_layout=True)
     a.loglog(tokens, t_mem, "o-", label=f"memory: bytes / {ceil['hbm_copy_gbps'] / 1e3:.2f} TB/s")
     a.loglog(tokens, t_cmp, "s-", label=f"compute: FLOPs / {ceil['bf16_tflops']:.0f} TFLOP/s")
     a.set_xlabel("tokens in the batch T")
     a.set_ylabel("floor per layer step (µs)")
-    a.legend(fontsize=9)
+    a.legend(fontsize=SMALL_PT)
     b.loglog(tokens, np.maximum(t_mem, t_cmp) * 1e3 / np.array(tokens), "o-", color="tab:red")
     b.set_xlabel("tokens in the batch T")
     b.set_ylabel("floor per token (ns)")

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from matplotlib.colors import ListedColormap
 
-from dispatch_book.figures import color
+from dispatch_book.figures import SMALL_PT, WIDTH_IN, color
 
 PAD_COLOR, UNUSED_COLOR = "#d9d9d9", "#ffffff"
 
@@ -36,11 +36,11 @@ def sorted_layout(routes, ids_TK: torch.Tensor, *, title: str = ""):
     fig, ax = plt.subplots(figsize=(min(0.42 * bm + 2.4, 9), 0.45 * max(B, 1) + 1.2), constrained_layout=True)
     ax.imshow(code.reshape(B, bm), cmap=cmap, vmin=-0.5, vmax=E + 1.5, aspect="auto", interpolation="nearest")
     for s in np.flatnonzero(real):
-        ax.text(s % bm, s // bm, str(rows_P[s]), ha="center", va="center", fontsize=7)
+        ax.text(s % bm, s // bm, str(rows_P[s]), ha="center", va="center", fontsize=SMALL_PT)
     be = routes.block_expert_B.cpu().tolist()
     ax.set_yticks(range(B))
     ax.set_yticklabels([f"block {b}: expert {e}" if e >= 0 else f"block {b}: unused" for b, e in enumerate(be)],
-                       fontsize=8)
+                       fontsize=SMALL_PT)
     ax.set_xticks(range(0, bm, max(1, bm // 8)))
     ax.set_xlabel(f"slot within the block (block_m = {bm})")
     ax.set_xticks(np.arange(-0.5, bm, 1), minor=True)
@@ -73,11 +73,11 @@ def block_scan_figure(ids_TK: torch.Tensor, num_experts: int, block_n: int):
                              strict=True):
         ax.imshow(mat, cmap="Blues", aspect="auto", vmin=0, vmax=max(int(mat.max()), 1) * 1.6)
         for (b, e), v in np.ndenumerate(mat):
-            ax.text(e, b, str(v), ha="center", va="center", fontsize=8)
+            ax.text(e, b, str(v), ha="center", va="center", fontsize=SMALL_PT)
         ax.set_xticks(range(num_experts))
         ax.set_yticks(range(len(mat)))
         labels = [f"rows {b * block_n}–{min((b + 1) * block_n, N) - 1}" for b in range(len(mat))]
-        ax.set_yticklabels(labels, fontsize=8)
+        ax.set_yticklabels(labels, fontsize=SMALL_PT)
         ax.set_xlabel("expert e")
         ax.set_title(name, fontsize=10)
     return fig
@@ -85,11 +85,11 @@ def block_scan_figure(ids_TK: torch.Tensor, num_experts: int, block_n: int):
 
 def routing_sort_figure(doc: dict, ops=("route", "sort")):
     """Median time vs tokens, one panel per layer shape: ours (red) vs the PyTorch twin (purple);
-    solid = route, dashed = sort, dotted = both; black: ours route+sort replayed from a CUDA graph,
-    where the recording has it. ``doc`` is a ``results/<gpu>/routing_sort.json`` document."""
+    solid = route, dashed = sort, dotted = both. On a GPU recording the times are CUDA-graph replays
+    (the kernels alone); a CPU run's are the wall clock. ``doc`` is a ``routing_sort.json`` document."""
     rows = doc["rows"]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(min(3.1 * len(shapes), 9.4), 4.2), squeeze=False,
+    fig, axes = plt.subplots(1, len(shapes), figsize=(min(3.1 * len(shapes), WIDTH_IN), 4.2), squeeze=False,
                              constrained_layout=True, sharey=True)
     for ax, shape in zip(axes[0], shapes, strict=False):
         for op, ls in zip(ops, ("-", "--", ":")[:len(ops)], strict=True):
@@ -98,19 +98,35 @@ def routing_sort_figure(doc: dict, ops=("route", "sort")):
                              if r["shape"] == shape and r["op"] == op and r["impl"] == impl)
                 if pts:
                     ax.plot(*zip(*pts, strict=True), ls=ls, marker="o", ms=3, color=color(impl), label=f"{op}: {impl}")
-        pts = sorted((r["T"], r["graph_median_ms"] * 1e3) for r in rows if r["shape"] == shape
-                     and r["op"] == ops[-1] and r["impl"] == "ours" and "graph_median_ms" in r)
-        if pts:
-            ax.plot(*zip(*pts, strict=True), ls="-", marker="s", ms=3, color="black", label=f"{ops[-1]}: ours, graph")
         r0 = next(r for r in rows if r["shape"] == shape)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{shape}: E={r0['E']}, K={r0['K']}", fontsize=10)
         ax.set_xlabel("tokens T")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("median time per call (µs)")
+    graph = all(r.get("graph") for r in rows)
+    axes[0][0].set_ylabel("µs per call, CUDA graph" if graph else "µs per call (wall clock)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8)
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=SMALL_PT)
     fig.suptitle(f"routing and sort on {doc['gpu']} ({rows[0].get('dtype', '')} logits, "
                  f"block_m={rows[0].get('block_m', '?')})", fontsize=11)
     return fig
+
+
+def eager_sum(doc: dict) -> dict:
+    """Does route + sort cost route plus sort? Medians over the recorded (shape, T) cases of ours: the
+    chain's time over the sum of its parts' from a CUDA graph (``graph``), in the host's time to issue
+    them (``host``) and eagerly as ``do_bench`` times them (``eager``); and ``hidden_us``, the host time
+    an eager call's timing does not show (host µs − (eager − graph) µs), median over every op."""
+    import statistics
+
+    ours = {(r["shape"], r["T"], r["op"]): r for r in doc["rows"] if r["impl"] == "ours"}
+    cases = sorted({(s, T) for s, T, _ in ours})
+
+    def ratio(field):
+        return statistics.median(ours[s, T, "route+sort"][field] / (ours[s, T, "route"][field]
+                                 + ours[s, T, "sort"][field]) for s, T in cases)
+
+    hidden = [r["host_us"] - (r["eager_ms"] - r["median_ms"]) * 1e3 for r in ours.values()]
+    return {"cases": len(cases), "graph": ratio("median_ms"), "host": ratio("host_us"),
+            "eager": ratio("eager_ms"), "hidden_us": statistics.median(hidden)}

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 
 from dispatch import tables
 from dispatch.config import PRESETS
-from dispatch_book.figures import color
+from dispatch_book.figures import SMALL_PT, WIDTH_IN, color
 
 GEMM_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m")
 
@@ -129,7 +129,7 @@ def persistent_ratios(rows: list[dict]) -> list[dict]:
 def race_figure(race: list[dict], bar: float = 1.10, large_T: int = 4096):
     """peer / ours time against T, one line per shape; ≥ 1 means ours is at least as fast."""
     palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]  # as gemm.targets
-    fig, ax = plt.subplots(figsize=(9.4, 3.6))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.6))
     for j, s in enumerate(dict.fromkeys(r["shape"] for r in race)):
         pts = [(r["T"], r["peer / ours"]) for r in race if r["shape"] == s]
         ax.plot(*zip(*pts, strict=True), marker="o", ms=4, label=s, color=palette[j % 5])
@@ -138,6 +138,6 @@ def race_figure(race: list[dict], bar: float = 1.10, large_T: int = 4096):
     ax.set(xscale="log", xlabel="tokens", ylabel="peer time / our time",
            title="ours (the path moe() picks) vs the tuned fused-MoE peer; above 1: ours faster")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=SMALL_PT)
     fig.tight_layout()
     return fig

@@ -1,0 +1,132 @@
+"""Drafters: cheap guesses of the next k tokens, made on the device inside the speculative step.
+
+A drafter has ``bind(eng)`` (its buffers, sized by the engine, allocated once: a captured graph keeps
+their addresses), ``start(eng, prompts, B)`` (called after the engine's prefill: its own state) and
+``propose(eng, B, k, greedy) → (drafts_BK int64, q_BKV or None)`` reading the engine's buffers:
+``eng.hist_BS`` [B, S] the tokens of each row by position (prompt, then output) and ``eng.pos_B``
+the position of each row's last token. Static shapes, no host sync: it is captured with the step.
+
+PromptLookup (prompt lookup decoding, Saxena 2023): find the latest earlier occurrence of the
+    row's last n tokens (n from ``n_max`` down to ``n_min``) in its own text and propose the k
+    tokens that followed it. Where the copy runs into the present (a match close to the end), it
+    keeps copying from the copy — the continuation a repeating pattern implies. No match: the last
+    token, k times (a guess that rarely holds; the verify step still emits one token).
+    Deterministic: ``q = None`` (a point mass on each draft).
+DraftModel: a smaller model of the same tokenizer, k greedy (or sampled) steps over its own
+    static cache. Its cache follows the target's: each round first feeds the row's last two tokens
+    (positions pos-1 and pos: the token before the pending one may be a draft it never processed,
+    when all k were accepted) and rewinds like the target's — a rejected tail is overwritten.
+"""
+from __future__ import annotations
+
+import torch
+
+from dispatch.engine.sampling import draw, sampling_probs
+
+
+def lookup(hist_BS: torch.Tensor, last_B: torch.Tensor, k: int, n_max: int = 3, n_min: int = 1) -> torch.Tensor:
+    """Prompt-lookup drafts [B, k] (int64) from each row's tokens ``hist_BS[b, :last_B[b] + 1]``.
+
+    For n = n_max .. n_min: the suffix is the row's last n tokens; a match is an earlier window
+    equal to it that ends before the last token; the latest match wins, longer n first. Drafts:
+    the tokens after the match, continued periodically once they reach the last token.
+    Example: tokens [a, b, c, a, b] (last 4), n 2 → the match [a, b] at 0, drafts [c, a, b, c, …].
+    """
+    if not 1 <= n_min <= n_max:
+        raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+    B, S = hist_BS.shape
+    dev = hist_BS.device
+    last = last_B.long()
+    start = torch.full((B,), -1, dtype=torch.long, device=dev)  # first token after the chosen match
+    for n in range(n_max, n_min - 1, -1):
+        if n >= S:
+            continue
+        idx = (last[:, None] - n + 1 + torch.arange(n, device=dev)).clamp(min=0)
+        suffix_Bn = hist_BS.gather(1, idx)
+        windows_BWn = hist_BS.unfold(1, n, 1)  # [B, S - n + 1, n]: window w covers positions w .. w+n-1
+        w = torch.arange(S - n + 1, device=dev)
+        ok = (windows_BWn == suffix_Bn[:, None, :]).all(dim=-1) & (w[None, :] + n <= last[:, None]) \
+            & (last[:, None] >= n - 1)
+        best = torch.where(ok, w[None, :], -1).amax(dim=1)
+        start = torch.where((start < 0) & (best >= 0), best + n, start)
+    found = start >= 0
+    period = (last - start + 1).clamp(min=1)  # the copied span start .. last repeats
+    j = torch.arange(k, device=dev)[None, :]
+    pos = torch.where(found[:, None], start[:, None] + j % period[:, None], last[:, None])
+    return hist_BS.gather(1, pos.clamp(0, S - 1))
+
+
+class PromptLookup:
+    """n-gram drafts from the row's own text (:func:`lookup`); any k ≥ 0."""
+
+    k_min = 0
+
+    def __init__(self, n_max: int = 3, n_min: int = 1):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_max, self.n_min = n_max, n_min
+
+    def bind(self, eng) -> None:
+        """Nothing to allocate: the drafts come from the engine's token history."""
+
+    def start(self, eng, prompts: list[list[int]], B: int) -> None:
+        """Nothing to prepare."""
+
+    def propose(self, eng, B: int, k: int, greedy: bool):
+        return lookup(eng.hist_BS[:B], eng.pos_B[:B], k, self.n_max, self.n_min), None
+
+
+class DraftModel:
+    """A smaller model's k steps (greedy, or sampled with the target's temperature and top-p); k ≥ 1.
+
+    ``model``: a transformers model of a lean family or a :class:`dispatch.engine.LeanModel`, on the
+    target's device, with the target's vocabulary. It runs in the target's mode (batch-invariant or
+    not): then a draft model equal to the target drafts exactly the target's greedy tokens."""
+
+    k_min = 1
+
+    def __init__(self, model):
+        from dispatch.engine.engine import as_engine_model
+        from dispatch.engine.model import LeanModel
+
+        self.model = as_engine_model(model)
+        if not isinstance(self.model, LeanModel):
+            raise ValueError("a draft model runs on the lean forward (OLMoE, Mixtral, Qwen2/3-MoE)")
+        self.cache = None
+
+    def bind(self, eng) -> None:
+        """Take the target's mode; a cache shaped like the target's (rows, positions)."""
+        self.model = self.model.with_batch_invariance(eng.model.batch_invariant)
+        if self.model.cfg.vocab_size != eng.model.cfg.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({self.model.cfg.vocab_size}) must be the target's "
+                             f"({eng.model.cfg.vocab_size}): one tokenizer")
+        if self.model.device != eng.dev:
+            raise ValueError(f"the draft model is on {self.model.device}, the target on {eng.dev}")
+        self.cache = self.model.new_cache(eng.max_batch, eng.cache[0].shape[2])
+
+    def start(self, eng, prompts: list[list[int]], B: int) -> None:
+        """Prefill the prompts into this model's cache."""
+        lens = [len(p) for p in prompts] + [1] * (B - len(prompts))
+        ids = eng.hist_BS[:B, :max(lens)]
+        with torch.no_grad():
+            self.model(ids, torch.arange(ids.shape[1], device=eng.dev).expand_as(ids), self.cache, prefill=True)
+
+    def propose(self, eng, B: int, k: int, greedy: bool):
+        if k < 1:
+            raise ValueError(f"a draft model drafts k >= 1 tokens, got k={k}")
+        pos_B = eng.pos_B[:B]
+        pos_B2 = pos_B[:, None] + torch.arange(-1, 1, device=eng.dev)  # [pos - 1, pos]
+        ids_B1 = eng.hist_BS[:B].gather(1, pos_B2)
+        drafts, qs = [], []
+        with torch.no_grad():
+            for j in range(k):
+                logits_BV = self.model(ids_B1, pos_B2, self.cache, prefill=False)[:, -1]
+                if greedy:
+                    d_B = logits_BV.argmax(dim=-1)
+                else:
+                    q_BV = sampling_probs(logits_BV, eng.temperature, eng.top_p)
+                    d_B = draw(q_BV, eng.generator)
+                    qs.append(q_BV)
+                drafts.append(d_B)
+                ids_B1, pos_B2 = d_B[:, None], pos_B[:, None] + j + 1
+        return torch.stack(drafts, dim=1), (torch.stack(qs, dim=1) if qs else None)

@@ -1,0 +1,115 @@
+"""The online half of ``python -m dispatch_book.bench serve``: servers in processes of their own,
+driven over HTTP by :mod:`dispatch_book.bench.serve_load`.
+
+    with server("ours", folder, ...) as url: ...     # python -m dispatch.serve --model FOLDER
+    with server("hf_serve", folder, ...) as url: ... # transformers serve FOLDER --continuous-batching
+
+Both load the same checkpoint folder (weights, config, tokenizer) and get the same requests: token-id
+prompts for ours, the same tokens as words for transformers (the folder's word tokenizer maps them
+back one for one; :func:`dispatch_book.bench.serve_peers.word_tokenizer`). A server that does not
+start — a missing package, no ``/v1/completions``, a time-out — raises :class:`DidNotRun` with the
+reason and its last lines of output; the suite records it as a row, never as a number.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from dispatch_book.bench import serve_load
+from dispatch_book.bench.serve_peers import as_text
+
+
+class DidNotRun(RuntimeError):
+    """A contestant that could not be measured (the message says why)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _command(kind: str, folder: str, port: int, *, max_seqs: int, max_step_tokens: int) -> list[str]:
+    if kind == "ours":
+        return [sys.executable, "-m", "dispatch.serve", "--model", folder, "--served-model-name", "model",
+                "--port", str(port), "--max-seqs", str(max_seqs), "--max-step-tokens", str(max_step_tokens),
+                "--max-waiting", "100000"]
+    if kind == "hf_serve":
+        return [sys.executable, "-m", "transformers.cli.transformers", "serve", folder, "--continuous-batching",
+                "--host", "127.0.0.1", "--port", str(port), "--cb-max-batch-tokens", str(max_step_tokens)]
+    raise ValueError(f"no server kind {kind!r}")
+
+
+@contextlib.contextmanager
+def server(kind: str, folder: str, *, max_seqs: int = 256, max_step_tokens: int = 2048, start_s: float = 180,
+           log_path: str | None = None):
+    """A server process on 127.0.0.1; yields (url, model name to ask for). Stopped (SIGTERM, then
+    SIGKILL) on exit."""
+    port = free_port()
+    cmd = _command(kind, folder, port, max_seqs=max_seqs, max_step_tokens=max_step_tokens)
+    log = open(log_path or os.devnull, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url, name = f"http://127.0.0.1:{port}", "model" if kind == "ours" else folder
+    try:
+        t0 = time.perf_counter()
+        while True:
+            if proc.poll() is not None:
+                raise DidNotRun(f"{kind} exited with {proc.returncode} before answering: {_tail(log_path)}")
+            if time.perf_counter() - t0 > start_s:
+                raise DidNotRun(f"{kind} did not answer within {start_s:.0f} s: {_tail(log_path)}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            time.sleep(0.5)
+        yield url, name
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        log.close()
+
+
+def _tail(path: str | None, n: int = 400) -> str:
+    if not path or not os.path.exists(path):
+        return "(no log)"
+    return open(path, errors="replace").read()[-n:].replace("\n", " | ")
+
+
+def requests_for(kind: str, reqs: list) -> list:
+    """Ours takes token ids; transformers' text API takes the same tokens as words."""
+    if kind == "ours":
+        return reqs
+    return [serve_load.Request(as_text(r.prompt), r.max_tokens) for r in reqs]
+
+
+def sweep(kind: str, url: str, name: str, reqs: list, rates: list[float], *, slo_ttft_s: float, slo_tpot_s: float,
+          seed: int = 0, deadline: float = math.inf) -> list[dict]:
+    """One row per rate (Poisson arrivals), in order; a rate that would pass ``deadline`` is skipped."""
+    rows, body, eos = [], requests_for(kind, reqs), kind == "ours"  # transformers' API takes no ignore_eos:
+    asyncio.run(serve_load.run_load(url, name, body[:4], math.inf, seed=seed, ignore_eos=eos))  # warm-up
+    for rate in rates:  # (the saved model has no end-of-sequence token, so both run to max_tokens)
+        if time.perf_counter() > deadline:
+            rows.append({"rate": rate, "skipped": "time budget spent"})
+            continue
+        recs, wall = asyncio.run(serve_load.run_load(url, name, body, rate, seed=seed, ignore_eos=eos))
+        rows.append({"rate": rate, **serve_load.summary(recs, wall, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)})
+    return rows
+
+
+def max_rate_within(rows: list[dict], tpot_p99_ms: float) -> float | None:
+    """The highest measured rate whose TPOT p99 stays within ``tpot_p99_ms`` (None if none does)."""
+    ok = [r["rate"] for r in rows if r.get("tpot_ms", {}).get("p99") is not None and r["tpot_ms"]["p99"] <= tpot_p99_ms
+          and not r.get("failed")]
+    return max(ok) if ok else None

@@ -1,0 +1,123 @@
+"""The offline contestants of ``python -m dispatch_book.bench serve``: one workload, four engines.
+
+    ours(lean, reqs)                the continuous-batching engine (:class:`dispatch.serve.LLMEngine`)
+    static(lean, reqs, batch)       chapter 6's engine, one static batch at a time in arrival order:
+                                    a batch runs until its longest request is done (its other rows idle)
+    hf_cb(model, reqs)              transformers' continuous batching (``ContinuousBatchingManager``,
+                                    paged attention), with the model's experts implementation as it is
+                                    (default, or ``"dispatch"`` after :func:`dispatch.engine.use_dispatch_experts`)
+
+Each returns {"output_tokens", "wall_s", "output_tok_s", ...}: output tokens are the tokens the
+requests asked for (``max_tokens`` each, end of sequence ignored), whatever an engine computed
+beyond them. Also :func:`word_tokenizer`: a tokenizer with one word per id (``"t17 t4"`` ↔ [17, 4]),
+so a random-weight model can be served over a text API with prompts of exact token lengths.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _sync(dev) -> None:
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def ours(lean, reqs, *, max_seqs: int = 256, max_step_tokens: int = 2048, graphs: bool | None = None,
+         num_blocks: int | None = None) -> dict:
+    from dispatch.serve import EngineConfig, LLMEngine, RequestParams
+
+    longest = max(len(r.prompt) + r.max_tokens for r in reqs)
+    eng = LLMEngine(lean, EngineConfig(max_seqs=max_seqs, max_step_tokens=max_step_tokens, graphs=graphs,
+                                       max_model_len=-(-longest // 16) * 16, num_blocks=num_blocks), eos_token_ids=())
+    eng.warmup()  # kernels compiled, every decode bucket's graph captured
+    params = [RequestParams(max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
+    _sync(lean.device)
+    t0 = time.perf_counter()
+    outs = eng.generate([r.prompt for r in reqs], params)
+    _sync(lean.device)
+    wall = time.perf_counter() - t0
+    n = sum(len(o.tokens) for o in outs)
+    ttft = sorted(o.ttft_s for o in outs)
+    res = {"output_tokens": n, "wall_s": wall, "output_tok_s": n / wall, "steps": eng.steps,
+           "mean_step_tokens": sum(eng.step_tokens) / max(len(eng.step_tokens), 1),
+           "kv_blocks": eng.alloc.num_blocks, "ttft_p50_s": ttft[len(ttft) // 2]}
+    del eng
+    return res
+
+
+def static(lean, reqs, *, batch: int) -> dict:
+    from dispatch.engine import Engine
+
+    longest = max(len(r.prompt) for r in reqs) + max(r.max_tokens for r in reqs)
+    eng = Engine(lean, max_batch=batch, max_seq=-(-longest // 16) * 16)
+    eng.generate([reqs[0].prompt] * min(batch, len(reqs)), 4)  # warm-up: this bucket's graph
+    _sync(lean.device)
+    t0, computed = time.perf_counter(), 0
+    for i in range(0, len(reqs), batch):
+        group = reqs[i:i + batch]
+        new = max(r.max_tokens for r in group)
+        eng.generate([r.prompt for r in group], new)  # no stop tokens: every row runs `new` steps
+        computed += len(group) * new
+    _sync(lean.device)
+    wall = time.perf_counter() - t0
+    n = sum(r.max_tokens for r in reqs)
+    res = {"output_tokens": n, "wall_s": wall, "output_tok_s": n / wall, "batch": batch,
+           "computed_tokens": computed, "idle_share": 1 - n / computed}
+    del eng
+    return res
+
+
+def hf_cb(model, reqs, *, max_batch_tokens: int | None = None, timeout_s: float = 600, warmup: bool = True) -> dict:
+    """transformers' continuous batching, one request per prompt with its own max_new_tokens."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max(r.max_tokens for r in reqs), eos_token_id=-1,
+                           pad_token_id=0)
+    kw = {}
+    if max_batch_tokens is not None:
+        from transformers import ContinuousBatchingConfig
+
+        kw["continuous_batching_config"] = ContinuousBatchingConfig(max_batch_tokens=max_batch_tokens)
+    with torch.no_grad(), model.continuous_batching_context_manager(generation_config=gen, block=True, timeout=30,
+                                                                    warmup=warmup, **kw) as manager:
+        ids = [manager.add_request(reqs[0].prompt, max_new_tokens=4, eos_token_id=-1)]  # warm-up
+        while manager.get_result(timeout=1) is None and manager.is_running():
+            pass
+        _sync(model.device)
+        t0 = time.perf_counter()
+        ids = [manager.add_request(r.prompt, max_new_tokens=r.max_tokens, eos_token_id=-1) for r in reqs]
+        done, n = set(), 0
+        while len(done) < len(ids):
+            if time.perf_counter() - t0 > timeout_s:
+                raise TimeoutError(f"{len(done)} of {len(ids)} requests done after {timeout_s:.0f} s")
+            res = manager.get_result(timeout=1)
+            if res is not None and res.is_finished() and res.request_id not in done:
+                if res.error:
+                    raise RuntimeError(f"request {res.request_id}: {res.error}")
+                done.add(res.request_id)
+                n += len(res.generated_tokens)
+            elif res is None and not manager.is_running():
+                raise RuntimeError("transformers' generation thread stopped")
+        _sync(model.device)
+        wall = time.perf_counter() - t0
+    return {"output_tokens": n, "wall_s": wall, "output_tok_s": n / wall,
+            "attn_implementation": str(model.config._attn_implementation),
+            "experts_implementation": str(getattr(model.config, "_experts_implementation", None))}
+
+
+def word_tokenizer(vocab: int):
+    """A fast tokenizer with one whitespace-separated word per id: ``t0`` … ``t{vocab-1}``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # special tokens match inside words ("t1" would split "t17"): the unknown word gets a name of its own
+    tok = Tokenizer(models.WordLevel({**{f"t{i}": i for i in range(vocab)}, "<unk>": vocab}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def as_text(ids: list[int]) -> str:
+    return " ".join(f"t{i}" for i in ids)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One GPU run (one H100 or H200, < 9.5 minutes) for chapter 8: the serving engine's `-m gpu` tests, then
+# `python -m dispatch_book.bench serve` on OLMoE-1B-7B's config with random bf16 weights — the decode-step
+# comparison (paged vs chapter 6's static engine), the offline race (256 requests, prompt and output
+# lengths uniform in 100-1024: ours, the static engine, transformers' continuous batching with its
+# default experts and with ours), the online sweep (Poisson arrivals: ours vs `transformers serve`)
+# and the reliability run. The results file is written after every contestant, so a cut-off run keeps
+# what it measured; PARTS=online,reliability in a second call adds the rest to the same file.
+#   DISPATCH_GIT_COMMIT=<sha> [PARTS=step,offline,online,reliability] [RELIABILITY_N=2000] \
+#       dispatch_book/gpu/serve_run.sh "$OUT"
+#   DISPATCH_GIT_COMMIT=<sha> PARTS=reliability TESTS=0 dispatch_book/gpu/serve_run.sh "$OUT"   # 10,000 requests
+# Carry .whl (`make gpu-wheels`: aiohttp, and fastapi/uvicorn/... for `transformers serve`) when the image
+# lacks them. Writes $OUT/tests.log, $OUT/bench.log, $OUT/results/<gpu>/serve.json.
+set -u
+TOTAL_DEFAULT=560
+. "$(dirname "$0")/prelude.sh" "$@"
+if [ -d .whl ]; then  # the serving stack, beside the image's own packages
+    python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site .whl/*.whl > "$OUT/wheels.log" 2>&1
+    export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
+fi
+nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+if [ "${TESTS:-1}" = 1 ]; then
+    timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_serve_gpu.py > "$OUT/tests.log" 2>&1
+    tail -4 "$OUT/tests.log"
+fi
+PARTS=${PARTS:-step,offline,online,reliability}
+# the issue-sized reliability run (10,000 requests) in a call of its own; beside the races, 2,000
+[ "$PARTS" = reliability ] && N_DEFAULT=10000 || N_DEFAULT=2000
+timeout "$(left)" python3 -m dispatch_book.bench serve --out "$OUT/results" --budget-s $(( $(left) - 20 )) \
+    --parts "$PARTS" --reliability-n "${RELIABILITY_N:-$N_DEFAULT}" 2>&1 \
+    | tee "$OUT/bench.log" | cut -c1-400 | tail -40
+echo "total $(( $(date +%s) - start )) s"

@@ -1,0 +1,1 @@
+"""The checks of the exercises, one module per chapter (``exercises._checks`` gathers them)."""

@@ -1,0 +1,19 @@
+"""Bytes of T·K expert reads: an expert chosen by several tokens counted once per token."""
+
+
+def flops_and_bytes(T, E, K, H, I, b):  # noqa: E741
+    return 2.0 * T * K * 3 * H * I, (T * K * 3 * H * I + 2 * T * H) * b
+
+
+def crossover(E, K, H, I, b, ridge):  # noqa: E741
+    T = 1
+    while T < 10 ** 7:
+        flops, nbytes = flops_and_bytes(T, E, K, H, I, b)
+        if flops / nbytes >= ridge:
+            return T
+        T += 1
+    return None
+
+
+def large_batch_crossover(E, K, b, ridge):
+    return ridge * E * b / (2 * K)

@@ -1,0 +1,21 @@
+"""Codes truncated towards zero (a bare .to(torch.int8)): up to a whole step off, not half."""
+import torch
+
+
+def quantize(w_RC: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    R, C = w_RC.shape
+    G = -(-C // group)
+    padded = w_RC.float().new_zeros(R, G * group)
+    padded[:, :C] = w_RC.float()
+    amax_RG = padded.abs().view(R, G, group).amax(-1)
+    scale_RG = torch.where(amax_RG > 0, amax_RG / 127, torch.ones_like(amax_RG))  # amax lands on ±127
+    x_RC = w_RC.float() / scale_RG.repeat_interleave(group, dim=1)[:, :C]
+    return x_RC.to(torch.int8), scale_RG
+
+
+def dequantize(codes_RC: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    return codes_RC.float() * scales.repeat_interleave(group, dim=1)[:, :codes_RC.shape[1]]
+
+
+def error_bound(scales: torch.Tensor, group: int, C: int) -> torch.Tensor:
+    return scales.repeat_interleave(group, dim=1)[:, :C] / 2  # rounding to the nearest: half a step

@@ -1,0 +1,24 @@
+"""A wrong ch08_scheduler_step: empty_entries."""
+
+
+def schedule_step(running: list[tuple[int, int]], waiting: list[tuple[int, int]], budget: int,
+                  max_seqs: int) -> list[tuple[int, int]]:
+    step = []
+    for sid, left in running:  # decode rows first: their time per token stays steady
+        if left == 0:
+            step.append((sid, min(1, budget)))
+            budget -= 1
+    for sid, left in running:  # prompts in progress: the next chunk
+        if left > 0 and budget > 0:
+            n = min(left, budget)
+            step.append((sid, n))
+            budget -= n
+    count = len(running)
+    for sid, prompt_len in waiting:  # admissions, in arrival order
+        if budget == 0 or count >= max_seqs:
+            break
+        n = min(prompt_len, budget)
+        step.append((sid, n))
+        budget -= n
+        count += 1
+    return step

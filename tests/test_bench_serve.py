@@ -1,0 +1,87 @@
+"""The serving benchmark: its statistics on hand-made records, and the whole suite on a CPU with a
+tiny workload (every part, each contestant measured or recorded with the reason it did not run)."""
+import json
+import math
+
+import pytest
+
+from dispatch_book.bench import serve_load, serve_online
+from dispatch_book.bench.serve_load import Record
+
+
+def rec(sent, pieces, tokens=None, status=200, error=None):
+    return Record(sent=sent, pieces=pieces, tokens=tokens or len(pieces), status=status, error=error)
+
+
+def test_summary_by_hand():
+    recs = [rec(0.0, [0.1, 0.2, 0.3]),  # TTFT 100 ms, TPOT 100 ms
+            rec(1.0, [1.5, 1.51, 1.52, 1.53]),  # TTFT 500 ms, TPOT 10 ms
+            rec(2.0, [], status=429, error="full")]
+    s = serve_load.summary(recs, 4.0, slo_ttft_s=0.6, slo_tpot_s=0.05)
+    assert (s["requests"], s["completed"], s["failed"], s["output_tokens"]) == (3, 2, 1, 7)
+    assert s["output_tok_s"] == 7 / 4.0
+    assert s["ttft_ms"]["p50"] == pytest.approx(300.0) and s["ttft_ms"]["mean"] == pytest.approx(300.0)
+    assert s["tpot_ms"]["p99"] == pytest.approx(100 - 0.01 * 90, rel=1e-6)  # numpy's linear interpolation
+    assert s["itl_ms"]["mean"] == pytest.approx((0.1 + 0.1 + 0.01 * 3) / 5 * 1e3)
+    assert s["goodput_req_s"] == 1 / 4.0 and s["goodput_share"] == pytest.approx(1 / 3)  # only the second meets both
+
+
+def test_workload_and_arrivals_are_seeded():
+    a = serve_load.workload(20, (3, 9), (1, 4), vocab=50, seed=3)
+    assert a == serve_load.workload(20, (3, 9), (1, 4), vocab=50, seed=3)
+    assert all(3 <= len(r.prompt) <= 9 and 1 <= r.max_tokens <= 4 and all(2 <= t < 50 for t in r.prompt) for r in a)
+    t = serve_load.arrivals(2000, rate=10.0, seed=1)
+    assert t == sorted(t) and abs(len(t) / t[-1] - 10.0) < 1.0  # a Poisson process at 10 req/s
+    assert serve_load.arrivals(3, math.inf) == [0.0, 0.0, 0.0]
+
+
+def test_first_difference_reports_the_margin():
+    a = Record(text="a b c", token_texts=["a", " b", " c"], margins=[2.0, 0.5, 1.0])
+    b = Record(text="a b d", token_texts=["a", " b", " d"], margins=[2.0, 0.5, 1e-6])
+    assert serve_load.first_difference(a, a) is None
+    assert serve_load.first_difference(a, b) == {"token": 2, "margin_alone": 1e-6}
+    short = Record(text="a", token_texts=["a"], margins=[2.0])
+    assert serve_load.first_difference(a, short) == {"token": 1, "margin_alone": None}
+
+
+def test_max_rate_within():
+    rows = [{"rate": 2, "tpot_ms": {"p99": 20}}, {"rate": 4, "tpot_ms": {"p99": 45}},
+            {"rate": 8, "tpot_ms": {"p99": 70}}, {"rate": 16, "skipped": "budget"}]
+    assert serve_online.max_rate_within(rows, 50) == 4 and serve_online.max_rate_within(rows, 10) is None
+
+
+def test_word_tokenizer_round_trips():
+    from dispatch_book.bench.serve_peers import as_text, word_tokenizer
+
+    tok = word_tokenizer(300)
+    ids = [0, 1, 17, 170, 299, 12]
+    assert tok(as_text(ids))["input_ids"] == ids and tok.decode(ids) == as_text(ids)
+
+
+@pytest.mark.slow
+def test_suite_on_cpu(tmp_path):
+    pytest.importorskip("aiohttp")
+    from dispatch_book.bench import configure
+    from dispatch_book.bench import serve as suite
+
+    configure(out=tmp_path, allow_dirty=True)
+    try:
+        suite.main(["--parts", "step,offline,online,reliability", "--contestants", "ours,static,hf_cb,hf_serve",
+                    "--offline-n", "6", "--online-n", "4", "--rates", "8", "--reliability-n", "30",
+                    "--step-batches", "2", "--budget-s", "300"])
+    finally:
+        configure()
+    doc = json.loads((tmp_path / "cpu" / "serve.json").read_text())
+    rows = doc["rows"]
+    by = {(r["part"], r.get("contestant")): r for r in rows}
+    assert by[("step", None)]["static_ms"] > 0 and by[("step", None)]["engine_step_ms"] > 0
+    for name in ("ours", "static", "hf_cb"):
+        r = by[("offline", name)]
+        assert r.get("did_not_run") or r["output_tokens"] == sum(q.max_tokens for q in serve_load.workload(
+            6, (4, 40), (4, 40), 4096, 0))
+    assert by[("offline", "ours")]["output_tok_s"] > 0
+    assert by[("online", "ours")]["completed"] == 4
+    assert "did_not_run" in by[("online", "hf_serve")] or by[("online", "hf_serve")]["completed"] == 4
+    rel = by[("reliability", "ours")]
+    assert rel["blocks_held_after"] == 0 and not rel["problems"] and not rel["differ_alone"]
+    assert not any(int(s) >= 500 for s in rel["statuses"])

@@ -1,0 +1,172 @@
+"""Recording sets (which GPU's recordings the chapters read), the evidence check, and `bench all`."""
+import json
+import subprocess
+
+import pytest
+
+from dispatch_book import bench
+from dispatch_book.bench import evidence, record, sets
+
+GOOD = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _doc(name, gpu, date="2026-01-01T00:00:00+00:00", commit=GOOD):
+    return {"benchmark": name, "gpu": gpu, "gpu_count": 1, "git_commit": commit, "date": date, "command": "c",
+            "versions": {"python": "3", "torch": "t", "triton": "tr", "transformers": "hf"}, "rows": [{"x": 1}]}
+
+
+def _set(root, slug, gpu, date, skip=(), commit=GOOD):
+    (root / slug).mkdir(parents=True, exist_ok=True)
+    for name in sets.SET:
+        if name not in skip:
+            (root / slug / f"{name}.json").write_text(json.dumps(_doc(name, gpu, date, commit)))
+
+
+def test_the_newest_complete_set_is_the_default(tmp_path, monkeypatch):
+    monkeypatch.delenv(sets.ENV, raising=False)
+    _set(tmp_path, "h200", "NVIDIA H200", "2026-01-01T00:00:00+00:00")
+    _set(tmp_path, "h100-80gb-hbm3", "NVIDIA H100 80GB HBM3", "2026-02-01T00:00:00+00:00", skip=("quant",))
+    assert sets.missing("h100-80gb-hbm3", tmp_path) == ["quant"]
+    assert sets.complete(tmp_path) == ["h200"] and sets.default(tmp_path) == "h200"
+    assert bench.load("kernels", root=tmp_path)["gpu"] == "NVIDIA H200", "an incomplete set is never read"
+    _set(tmp_path, "h100-80gb-hbm3", "NVIDIA H100 80GB HBM3", "2026-02-01T00:00:00+00:00")
+    assert sets.complete(tmp_path) == ["h100-80gb-hbm3", "h200"]
+    assert bench.load("kernels", root=tmp_path)["gpu"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_environment_names_another_set(tmp_path, monkeypatch):
+    _set(tmp_path, "h200", "NVIDIA H200", "2026-01-01T00:00:00+00:00")
+    _set(tmp_path, "h100-80gb-hbm3", "NVIDIA H100 80GB HBM3", "2026-02-01T00:00:00+00:00")
+    monkeypatch.setenv(sets.ENV, "NVIDIA H200")
+    assert sets.current(tmp_path) == "h200"
+    assert bench.load("decode", root=tmp_path)["gpu"] == "NVIDIA H200"
+    monkeypatch.setenv(sets.ENV, "a100")
+    with pytest.raises(ValueError, match="there is no results/a100"):
+        sets.current(tmp_path)
+
+
+def test_every_recording_names_what_it_measured():
+    assert set(record.PLAN_FILES) == set(sets.SET) | {"book_gpu", "serve"}
+    for name in (*sets.SET, *sets.OPTIONAL, *sets.EXTRA_MEASURES):
+        assert sets.measured_paths(name)
+    with pytest.raises(ValueError, match="unknown recording"):
+        sets.measured_paths("nosuch")
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-c", "user.email=a@b", "-c", "user.name=a", "-C", str(repo), *args], check=True,
+                   capture_output=True)
+
+
+def _repo(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "dispatch" / "kernels").mkdir(parents=True)
+    (repo / "dispatch" / "kernels" / "routing.py").write_text("x = 1\n")
+    (repo / "notebooks").mkdir()
+    (repo / "notebooks" / "01_x.ipynb").write_text(json.dumps({"cells": [
+        {"cell_type": "code", "source": ['doc = bench.load("routing_sort")\n'], "outputs": []},
+        {"cell_type": "code", "source": ['sp = bench.load("decode_split", gpu="h100-80gb-hbm3")'], "outputs": []}]}))
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    return repo, subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+
+
+def test_a_recording_turns_stale_when_its_code_changes(tmp_path):
+    repo, first = _repo(tmp_path)
+    assert evidence.changed(first, ("dispatch/kernels/routing.py",), repo) == ()
+    nb = repo / "notebooks" / "01_x.ipynb"
+    doc = json.loads(nb.read_text())
+    doc["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["new output"]}]
+    nb.write_text(json.dumps(doc))
+    (repo / "dispatch" / "kernels" / "routing.py").write_text("x = 2\n")
+    _git(repo, "commit", "-qam", "two")
+    assert evidence.changed(first, ("dispatch/kernels/routing.py", "notebooks"), repo) == (
+        "dispatch/kernels/routing.py",), "a notebook whose code cells are the same does not count"
+    assert evidence.changed("f" * 40, ("dispatch",), repo) is None
+
+
+def test_the_check_fails_on_dirty_unknown_and_missing_recordings(tmp_path, monkeypatch):
+    monkeypatch.delenv(sets.ENV, raising=False)
+    repo, first = _repo(tmp_path)
+    _set(repo / "results", "h200", "NVIDIA H200", "2026-01-01T00:00:00+00:00", commit=first)
+    fails, lines = evidence.check(repo)
+    assert fails == ["01_x read results/h100-80gb-hbm3/decode_split.json, which is missing"]
+    (repo / "results" / "h100-80gb-hbm3").mkdir()
+    (repo / "results" / "h100-80gb-hbm3" / "decode_split.json").write_text(json.dumps(
+        _doc("decode_split", "NVIDIA H100 80GB HBM3", commit=first + "+dirty")))
+    (repo / "results" / "h200" / "quant.json").write_text(json.dumps(_doc("quant", "NVIDIA H200", commit=GOOD)))
+    fails, _ = evidence.check(repo)
+    assert any("uncommitted code" in f for f in fails)
+    assert any(f"names commit {GOOD}, which is not in the history of HEAD" in f for f in fails)
+    (repo / "results" / "h200" / "routing_sort.json").unlink()
+    fails, _ = evidence.check(repo)
+    assert any("no set is complete" in f and "h200 lacks routing_sort" in f for f in fails)
+
+
+def test_the_evidence_check_passes_on_this_checkout():
+    top = evidence.repo()
+    if top is None:
+        pytest.skip("not a git checkout")
+    fails, _ = evidence.check(top)
+    assert fails == []
+
+
+def test_record_skips_steps_finished_from_this_commit(tmp_path):
+    folder = tmp_path / "h200"
+    folder.mkdir()
+    step = next(s for s in record.PLAN if s.name == "e2e")
+    for name in step.files:
+        (folder / f"{name}.json").write_text(json.dumps(_doc(name, "NVIDIA H200")))
+    assert not record.done(step, folder, GOOD), "no record of a finished run"
+    record.finish(step, folder, GOOD, 12.5, rc=124)
+    assert not record.done(step, folder, GOOD), "a run stopped at its time limit is not done"
+    record.finish(step, folder, GOOD, 12.5, rc=0)
+    assert record.done(step, folder, GOOD) and not record.done(step, folder, "f" * 40)
+    assert record.expected_s(step, folder) == 12.5
+    record.finish(step, folder, "f" * 40, 3.0, rc=1)  # a later run that failed: not done, its seconds kept
+    assert not record.done(step, folder, GOOD) and record.expected_s(step, folder) == 3.0
+    other = next(s for s in record.PLAN if s.name == "decode")
+    assert record.expected_s(other, folder) == other.guess_s
+    (folder / "e2e_profile.json").unlink()
+    record.finish(step, folder, GOOD, 1.0, rc=0)
+    assert not record.done(step, folder, GOOD), "a recording the step writes is missing"
+
+
+def test_record_refuses_a_dirty_tree_and_lists_the_plan(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DISPATCH_GIT_COMMIT", GOOD + "+dirty")
+    with pytest.raises(ValueError, match="uncommitted"):
+        record.main(["--list", "--out", str(tmp_path)])
+    monkeypatch.setenv("DISPATCH_GIT_COMMIT", GOOD)
+    record.main(["--list", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "0 of" in out and all(s.name in out for s in record.PLAN)
+
+
+def test_record_reuses_a_step_whose_code_did_not_change_only_when_asked(tmp_path, monkeypatch):
+    repo, first = _repo(tmp_path)
+    folder = tmp_path / "h200"
+    folder.mkdir()
+    step = next(s for s in record.PLAN if s.name == "routing_sort")
+    (folder / "routing_sort.json").write_text(json.dumps(_doc("routing_sort", "NVIDIA H200", commit=first)))
+    record.finish(step, folder, first, 9.0, rc=0)
+    monkeypatch.setattr(evidence, "repo", lambda: repo)
+    (repo / "notes.txt").write_text("unrelated\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "unrelated")
+    later = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert not record.done(step, folder, later) and record.done(step, folder, later, reuse_fresh=True)
+    (repo / "dispatch" / "kernels" / "routing.py").write_text("x = 3\n")
+    _git(repo, "commit", "-qam", "routing changed")
+    assert not record.done(step, folder, later, reuse_fresh=True), "what it measured changed since"
+
+
+def test_a_docstring_or_comment_changes_nothing_measured(tmp_path):
+    repo, first = _repo(tmp_path)
+    (repo / "dispatch" / "kernels" / "routing.py").write_text('"""Routing."""\n# why\nx = 1\n')
+    _git(repo, "commit", "-qam", "words only")
+    assert evidence.changed(first, ("dispatch/kernels",), repo) == ()
+    (repo / "dispatch" / "kernels" / "routing.py").write_text('"""Routing."""\nx = 2\n')
+    _git(repo, "commit", "-qam", "code")
+    assert evidence.changed(first, ("dispatch/kernels",), repo) == ("dispatch/kernels/routing.py",)

@@ -1,0 +1,52 @@
+"""The GPU part of the speculative suite, run on a CPU with its timings stubbed and small sizes: every
+row kind is produced with the fields the chapter's summary reads (the GPU run itself is not testable
+here; this catches its bookkeeping)."""
+import pytest
+import torch
+
+from dispatch.engine import LeanModel
+from dispatch.hf import tiny_model
+from dispatch_book.bench import spec_record
+from dispatch_book.spec_study import gpu_summary
+
+
+@pytest.fixture
+def small(monkeypatch):
+    """K_MAX 2, 6 tokens, one-call timings, the default mode for 'invariant' (no interpreter)."""
+    from dispatch_book import bench
+
+    monkeypatch.setattr(spec_record, "K_MAX", 2)
+    monkeypatch.setattr(spec_record, "NEW", 6)
+    monkeypatch.setattr(bench, "time_ms", lambda fn, **kw: (fn(), {"median_ms": 1.0, "min_ms": 1.0})[1])
+    plain = LeanModel.from_hf.__func__
+    monkeypatch.setattr(LeanModel, "from_hf", classmethod(lambda cls, m, **kw: plain(
+        cls, m, **{k: v for k, v in kw.items() if k != "batch_invariant"})))
+    tiny = tiny_model("olmoe", vocab_size=4096)[1]
+    monkeypatch.setattr(spec_record, "build_preset", lambda name, layers=None: tiny)
+
+
+def test_every_row_kind(small):
+    from dispatch.train import load
+
+    tr = spec_record.traces_recording()
+    rows_in = tr["rows"][:2]
+    prompts = [r["prompt"] for r in rows_in]
+    conts = [r["continuation"][:6] for r in rows_in]
+    runs = {"lookup": [r["runs_lookup"][:6] for r in rows_in], "draft": [r["runs_draft"][:6] for r in rows_in]}
+    rows = []
+
+    def add(row):
+        rows.append({"shape": row.pop("model"), **row})
+
+    torch.set_num_threads(1)
+    spec_record._shipped(load("cpu"), load("draft"), prompts, runs, add, lambda: 1e9)
+    spec_record._preset("mixtral-8x7b", None, prompts, conts, runs, add, lambda: 1e9)
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"verify_cost", "race", "peer", "replay"}
+    race = [r for r in rows if r["kind"] == "race" and r["drafter"] != "none"]
+    assert race and all(r["identical_to_plain_greedy"] == 2 for r in race)  # the same mode: same tokens
+    replay = [r for r in rows if r["kind"] == "replay" and r["drafter"] != "none"]
+    assert {r["drafter"] for r in replay} == {"lookup", "draft"} and all("replayed" in r for r in replay)
+    assert all(r["layers"] and r["of_layers"] == 32 for r in rows if r["shape"] == "mixtral-8x7b")
+    s = gpu_summary({"rows": rows})
+    assert len(s["race"]) == len(race) + 2 + 4 and len(s["replay"]) == 6
