@@ -105,7 +105,7 @@ def measure(model: str = "cpu", count: int = 50, temperature: float = 0.8, top_p
     greedy = eng.generate(ids, NEW_TOKENS, SamplingParams(), stop_tokens=(eos,)).tokens
     sampled = eng.generate(ids, NEW_TOKENS, SamplingParams(temperature, top_p, seed), stop_tokens=(eos,)).tokens
     rows = []
-    for (_, def_line), g, s in zip(items, greedy, sampled):
+    for (_, def_line), g, s in zip(items, greedy, sampled, strict=True):
         stopped = bool(s) and s[-1] == eos
         text = tok.decode(s, skip_special_tokens=True)
         rows.append({"def": def_line.strip(), "greedy_loop_period": loop_period(g[:NEW_TOKENS]),
