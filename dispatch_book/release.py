@@ -12,14 +12,17 @@ The command tags the current commit ``v<version>`` (annotated), after checking t
   would change a file, the tree is not what is being released);
 * the tag is new, or already names this commit (then there is nothing to do).
 
-Then it prints the command that publishes it: a tag lives in this clone until it is pushed. To
-release a new version: raise ``version`` in pyproject.toml, run sync, commit, ``make release``, and
-push the commit and the tag together (``tests/test_book.py`` checks, in every clone with history,
-that the ref the chapters name exists and is a commit of the checked-out history).
+Then it writes the tag and its commit into ``releases.json`` (commit that file: a clone made without
+tags, as CI makes one, still knows which commit a release names) and prints the command that
+publishes the tag: a tag lives in this clone until it is pushed. To release a new version: raise
+``version`` in pyproject.toml, run sync, commit, ``make release``, commit releases.json, and push the
+commits and the tag together (``tests/test_release.py`` checks, in every clone with history, that the
+ref the chapters name is a tag or a recorded release, and a commit of the checked-out history).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import subprocess
 import sys
@@ -40,6 +43,29 @@ def commit_of(root: pathlib.Path, ref: str) -> str | None:
     return res.stdout.strip() or None
 
 
+RECORD = "releases.json"
+
+
+def recorded(root: pathlib.Path) -> dict[str, str]:
+    """Tag → full commit id of every release made here (``releases.json``; empty when there is none)."""
+    path = root / RECORD
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not all(isinstance(v, str) and len(v) == 40 for v in data.values()):
+        raise SystemExit(f"{path}: expected an object of tag → 40-hex commit id, got {data!r}")
+    return data
+
+
+def release_commit(root: pathlib.Path, ref: str) -> str | None:
+    """The commit the release ``ref`` names: its tag in this clone, else its record in releases.json.
+    A tag and a record that disagree are an error."""
+    tagged, written = commit_of(root, f"refs/tags/{ref}"), recorded(root).get(ref)
+    if tagged and written and tagged != written:
+        raise SystemExit(f"{ref}: the tag names {tagged[:12]}, {RECORD} says {written[:12]}")
+    return tagged or written
+
+
 def is_shallow(root: pathlib.Path) -> bool:
     return git(root, "rev-parse", "--is-shallow-repository", check=False).stdout.strip() == "true"
 
@@ -58,6 +84,7 @@ def release(root: pathlib.Path, *, dry_run: bool = False) -> str:
     tagged = commit_of(root, f"refs/tags/{tag}")
     if tagged == head:
         print(f"{tag} already names this commit ({head[:12]})")
+        _record(root, tag, head, dry_run)
         return tag
     if tagged is not None:
         raise SystemExit(f"release {tag}: the tag exists and names {tagged[:12]}, not this commit "
@@ -65,7 +92,18 @@ def release(root: pathlib.Path, *, dry_run: bool = False) -> str:
     if not dry_run:
         git(root, "tag", "-a", tag, "-m", f"dispatch {tag.removeprefix('v')}")
     print(f"{'would tag' if dry_run else 'tagged'} {head[:12]} as {tag}; publish it with: git push origin {tag}")
+    _record(root, tag, head, dry_run)
     return tag
+
+
+def _record(root: pathlib.Path, tag: str, head: str, dry_run: bool) -> None:
+    have = recorded(root)
+    if have.get(tag) == head or dry_run:
+        return
+    if tag in have:
+        raise SystemExit(f"release {tag}: {RECORD} already records it at {have[tag][:12]}, not {head[:12]}")
+    (root / RECORD).write_text(json.dumps({**have, tag: head}, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {tag} in {RECORD}: commit it (`git commit {RECORD} -m 'release {tag}'`)")
 
 
 def main(argv=None) -> None:

@@ -170,3 +170,36 @@ def test_a_docstring_or_comment_changes_nothing_measured(tmp_path):
     (repo / "dispatch" / "kernels" / "routing.py").write_text('"""Routing."""\nx = 2\n')
     _git(repo, "commit", "-qam", "code")
     assert evidence.changed(first, ("dispatch/kernels",), repo) == ("dispatch/kernels/routing.py",)
+
+
+def test_a_wrapped_staleness_note_fits_the_column_and_nbval_removes_it(monkeypatch):
+    """The note depends on commits made since, not on the computation: nbval's sanitizer removes it
+    whole, however the book's column (88 characters) or a chapter's own fill() wrapped it."""
+    import configparser
+    import pathlib
+    import re
+    import textwrap
+
+    from dispatch_book.bench import results
+
+    paths = ", ".join(f"dispatch/kernels/file_{i}.py" for i in range(12))
+    note = f"Stale: recorded at 0123456789ab, 2026-12-04; {paths} changed since."
+    monkeypatch.setattr(evidence, "stale_note", lambda doc: note)
+    doc = {"versions": {"torch": "2.11", "triton": "3.6", "transformers": "5.17"}, "gpu": "NVIDIA H100",
+           "date": "2026-12-04T00:00:00Z", "git_commit": "0" * 40, "command": "python -m x"}
+    shown = results.provenance(doc)
+    assert max(map(len, shown.splitlines())) <= 88 and len(shown.splitlines()) > 3
+    cfg = configparser.ConfigParser()
+    cfg.read(pathlib.Path(__file__).parents[1] / ".nbval_sanitize.cfg")
+    rules = [(cfg[s]["regex"], cfg[s]["replace"]) for s in cfg.sections()]
+
+    def sanitize(text):
+        for regex, replace in rules:
+            text = re.sub(regex, replace, text)
+        return text
+    plain = results.provenance({**doc})
+    monkeypatch.setattr(evidence, "stale_note", lambda doc: None)
+    current = results.provenance(doc)
+    assert plain != current and sanitize(plain) == sanitize(current)
+    refilled = textwrap.fill(plain + " tail", width=60)  # a chapter's fill() joins the note into a paragraph
+    assert "Stale" not in sanitize(refilled) and sanitize(refilled).endswith(" tail")

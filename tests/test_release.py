@@ -30,11 +30,12 @@ def test_the_chapters_install_a_ref_of_this_repository():
     if release.git(ROOT, "rev-parse", "--git-dir", check=False).returncode != 0:
         pytest.skip("not a git checkout (a copied tree): no refs to look up")
     ref = headers.pinned_ref(ROOT)
-    commit = release.commit_of(ROOT, ref)
+    commit = release.release_commit(ROOT, ref)
     if commit is None and release.is_shallow(ROOT):
         pytest.fail(f"{ref} is not in this shallow clone: clone with history and tags "
                     "(actions/checkout: fetch-depth: 0; here: git fetch --unshallow --tags)")
-    assert commit is not None, f"the chapters install {ref}, which this repository does not have: `make release`"
+    assert commit is not None, (f"the chapters install {ref}, which this repository neither tags nor records in "
+                                f"{release.RECORD}: `make release`")
     ancestor = release.git(ROOT, "merge-base", "--is-ancestor", commit, "HEAD", check=False)
     assert ancestor.returncode == 0, f"{ref} ({commit[:12]}) is not a commit of the checked-out history"
 
@@ -69,7 +70,15 @@ def test_release_tags_this_commit_once(repo, capsys):
     assert release.commit_of(repo, tag) == release.commit_of(repo, "HEAD")
     assert release.git(repo, "cat-file", "-t", f"refs/tags/{tag}").stdout.strip() == "tag"  # annotated
     assert release.release(repo) == tag and "already names this commit" in capsys.readouterr().out
-    commit(repo, "later work")
+    assert release.recorded(repo) == {tag: release.commit_of(repo, "HEAD")}
+    commit(repo, "record the release")
+    release.git(repo, "tag", "-d", tag)  # a clone without tags, as CI makes one
+    assert release.release_commit(repo, tag) == release.commit_of(repo, "HEAD~1")
+    release.git(repo, "tag", "-a", tag, "-m", "elsewhere")  # a tag that disagrees with the record
+    with pytest.raises(SystemExit, match="releases.json says"):
+        release.release_commit(repo, tag)
+    release.git(repo, "tag", "-d", tag)
+    release.git(repo, "tag", "-a", tag, "-m", "again", "HEAD~1")
     with pytest.raises(SystemExit, match=f"{tag}: the tag exists and names"):
         release.release(repo)
 

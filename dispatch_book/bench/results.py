@@ -303,4 +303,4 @@ def provenance(doc: dict, label: str | None = None) -> str:
     from dispatch_book.bench import evidence
 
     note = evidence.stale_note(doc)
-    return text if note is None else f"{text}\n{note}"
+    return text if note is None else f"{text}\n{textwrap.fill(note, width=88, break_on_hyphens=False)}"

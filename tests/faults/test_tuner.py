@@ -39,7 +39,7 @@ def test_saves_after_every_preset(tmp_path, monkeypatch, capsys):
     out = tmp_path / "t.json"
     calls = []
 
-    def tune_preset(preset, tokens, dev, dtype, log, schemes):
+    def tune_preset(preset, tokens, dev, dtype, log, schemes, routing="uniform"):
         calls.append(preset)
         if len(calls) == 2:
             raise RuntimeError("the GPU fell off the bus")
