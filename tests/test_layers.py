@@ -23,7 +23,7 @@ LAYERS = {
     "dispatch.arithmetic": 1, "dispatch.files": 1,
     "dispatch.quant.formats": 1,
     "dispatch.reference": 2,
-    "dispatch.kernels": 3,
+    "dispatch.kernels": 3, "dispatch.ops": 3,
     "dispatch.moe": 4, "dispatch.hf": 4, "dispatch.quant": 4, "dispatch.parallel": 4, "dispatch.engine": 4,
     "dispatch.serve": 4, "dispatch.placement": 4, "dispatch.balance": 4, "dispatch.routertap": 4,
     "dispatch.data": 4, "dispatch.train": 4, "dispatch.checkpoint": 4, "dispatch.generate": 4,
