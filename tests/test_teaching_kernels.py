@@ -12,6 +12,7 @@ import ast
 import contextlib
 import io
 import json
+import linecache
 import pathlib
 import time
 
@@ -68,13 +69,20 @@ def test_a_short_teaching_kernel_comes_before_the_shipped_one(name):
         f"{name}: every teaching cell without a kernel checks one with a printed verdict"
 
 
+def exec_cell(src: str, filename: str, ns: dict) -> None:
+    """Run a cell's source in ``ns``, its lines registered as Jupyter does: a compiled (not
+    interpreted) ``@triton.jit`` reads its function's source."""
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), ns)
+
+
 def _run(name: str, dev: torch.device) -> tuple[str, float]:
     ns = {"dev": dev, "__name__": "__teaching__"}
     out = io.StringIO()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(out):
         for c in teaching(name):
-            exec(compile(c["src"], f"{name}.ipynb cell {c['i']}", "exec"), ns)
+            exec_cell(c["src"], f"<{name}.ipynb cell {c['i']}>", ns)
     return out.getvalue(), time.perf_counter() - t0
 
 
@@ -97,3 +105,62 @@ def test_teaching_kernels_pass_their_checks_on_gpu(name):
     text, _ = _run(name, torch.device("cuda"))
     lines = _verdicts(text)
     assert lines and all(ln.endswith("bitwise equal, yes") or ": ok (" in ln for ln in lines), text
+
+
+# Pointer types and constexprs of each teaching kernel as its check cell launches it on a GPU
+# (fp16 operands there), for compiling it offline.
+GPU_LAUNCH = {
+    "topk_softmax_kernel": ({"logits_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32"},
+                            {"K": 2, "BLOCK_E": 8}),
+    "block_histogram_kernel": ({"ids_ptr": "*i32", "hist_ptr": "*i32"}, {"BLOCK_N": 8, "BLOCK_E": 8}),
+    "grouped_tile_kernel": ({"x_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp32", "rows_ptr": "*i32",
+                             "expert_ptr": "*i32"}, {"K": 2, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_H": 16}),
+    "decode_items_kernel": ({"x_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp32", "ids_ptr": "*i32",
+                             "used_ptr": "*i32"}, {"K": 2, "BLOCK_R": 16, "BLOCK_N": 16, "BLOCK_H": 32}),
+    "add_rmsnorm_kernel": ({"x_ptr": "*fp16", "res_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16"},
+                           {"BLOCK_H": 64}),
+    "int8_dot_kernel": ({"x_ptr": "*fp16", "q_ptr": "*i8", "scale_ptr": "*fp32", "y_ptr": "*fp32"},
+                        {"BLOCK_T": 16, "BLOCK_N": 16, "BLOCK_H": 32}),
+    "paged_decode_kernel": ({"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "table_ptr": "*i32",
+                             "out_ptr": "*fp16"}, {"BS": 4, "D": 16}),
+}
+
+
+def compile_all(targets=(90, 75)) -> list[str]:
+    """Compile every teaching kernel for each sm_<target> (run with TRITON_INTERPRET=0 set before
+    ``dispatch`` is imported); one line per kernel and target."""
+    from dispatch_book import kernel_ir
+
+    out = []
+    for name in CHAPTERS:
+        for c in teaching(name):
+            if not jit_kernels(c["src"]):
+                continue  # the check cells launch; only the kernels are compiled
+            ns = {}
+            exec_cell(c["src"], f"<{name}.ipynb cell {c['i']}>", ns)
+            for k in jit_kernels(c["src"]):
+                ptrs, const = GPU_LAUNCH[k]
+                for t in targets:
+                    kernel_ir._compile(ns[k], kernel_ir._signature(ns[k], const, ptrs), const, t, 4, 2)
+                    out.append(f"{name} {k} sm_{t}: compiled")
+    return out
+
+
+def test_teaching_kernels_compile_for_gpus_offline():
+    """A GPU compiles what the interpreter runs (an sm_90 H100/H200 and an sm_75 T4), checked here
+    without one: Triton compiles for any target (``dispatch_book.kernel_ir``)."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, __file__], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "TRITON_INTERPRET": "0",
+                              "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2 * len(GPU_LAUNCH) and all(ln.endswith("compiled") for ln in lines), run.stdout
+
+
+if __name__ == "__main__":  # the offline compile, in a process where the interpreter is off
+    print("\n".join(compile_all()))
