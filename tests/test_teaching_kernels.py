@@ -22,8 +22,8 @@ import torch
 import dispatch  # noqa: F401  (first: without CUDA it turns on Triton's interpreter)
 
 ROOT = pathlib.Path(__file__).parent.parent
-CHAPTERS = ["01_routing_and_sorting", "02_grouped_gemm", "03_decode", "06_end_to_end",
-            "07_quantized_experts", "08_serving"]
+CHAPTERS = ["01_routing_and_sorting", "02_grouped_gemm", "03_decode", "04_expert_parallel",
+            "06_end_to_end", "07_quantized_experts", "08_serving"]
 MAX_KERNEL_LINES = 30
 CPU_SECONDS = 30  # all of a chapter's teaching cells on the interpreter (a few seconds here)
 
@@ -117,6 +117,8 @@ GPU_LAUNCH = {
                              "expert_ptr": "*i32"}, {"K": 2, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_H": 16}),
     "decode_items_kernel": ({"x_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp32", "ids_ptr": "*i32",
                              "used_ptr": "*i32"}, {"K": 2, "BLOCK_R": 16, "BLOCK_N": 16, "BLOCK_H": 32}),
+    "send_rows_kernel": ({"x_ptr": "*fp32", "pos_ptr": "*i32", "out_ptr": "*fp32"},
+                         {"R": 3, "ROWS": 4, "BLOCK_H": 32}),
     "add_rmsnorm_kernel": ({"x_ptr": "*fp16", "res_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16"},
                            {"BLOCK_H": 64}),
     "int8_dot_kernel": ({"x_ptr": "*fp16", "q_ptr": "*i8", "scale_ptr": "*fp32", "y_ptr": "*fp32"},
