@@ -99,6 +99,20 @@ def test_teaching_kernels_pass_their_checks_on_cpu(name):
     assert seconds < CPU_SECONDS, f"{name}: teaching cells took {seconds:.1f} s on the interpreter"
 
 
+def test_an_interpreted_kernel_leaves_its_notebook_globals_alone():
+    """A kernel defined in a notebook has ``__main__``'s globals, which hold no ``__file__``. The
+    interpreter must not lend it its own (``runtime._interpreter_keeps_kernel_globals``): chapter 4's
+    CPU ranks, spawned after its teaching kernel ran, re-import ``__main__`` from ``__file__``."""
+    from dispatch import runtime
+
+    if not runtime.INTERPRET:
+        pytest.skip("compiled kernels are not rewritten")
+    ns = {"dev": torch.device("cpu"), "__name__": "__main__"}
+    for c in teaching("04_expert_parallel"):
+        exec_cell(c["src"], f"<04_expert_parallel.ipynb cell {c['i']}>", ns)
+    assert "__file__" not in ns and "__spec__" not in ns
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_teaching_kernels_pass_their_checks_on_gpu(name):
