@@ -271,7 +271,7 @@ class Disaggregated:
                     return
             for r, p in self.procs.items():
                 if not p.is_alive() and self.error is None and not self._closed:
-                    self._fail(_death(p.exitcode), r)
+                    self._fail(_death(p.exitcode), r, symptom=p.exitcode == 0)
             if self.error is not None:
                 return
             if time.monotonic() > end:
@@ -307,13 +307,14 @@ class Disaggregated:
             self._reports.append((how != "own", time.monotonic(), role, "raised " + text))
             self._fail(None, role)
 
-    def _fail(self, reason: str | None, role: str) -> None:
+    def _fail(self, reason: str | None, role: str, symptom: bool = False) -> None:
         """The first fault: wait GRACE_S for the other worker's word, name the cause, answer every
-        request in flight with it, stop both workers."""
+        request in flight with it, stop both workers. A worker's own fault (it raised, or died) is the
+        cause; a failed transfer, or an exit after a report, only a symptom."""
         if self.error is not None or self._closed:
             return
         if reason is not None:
-            self._reports.append((False, time.monotonic(), role, reason))
+            self._reports.append((symptom, time.monotonic(), role, reason))
         end = time.monotonic() + GRACE_S
         while time.monotonic() < end:
             with suppress(queue.Empty):
@@ -321,8 +322,8 @@ class Disaggregated:
                 if m[0] == "error":
                     self._reports.append((m[2] != "own", time.monotonic(), m[1], "raised " + m[3]))
         for r, p in self.procs.items():
-            if not p.is_alive() and not any(x[2] == r and not x[0] for x in self._reports):
-                self._reports.append((False, time.monotonic(), r, _death(p.exitcode)))
+            if not p.is_alive() and not any(x[2] == r for x in self._reports):  # exit 0: it reported first
+                self._reports.append((p.exitcode == 0, time.monotonic(), r, _death(p.exitcode)))
         self._reports.sort(key=lambda x: (x[0], x[1]))
         symptom, _, who, text = self._reports[0]
         others = "".join(f"\n  also the {w} worker: {t.splitlines()[0][:200]}" for _, _, w, t in self._reports[1:])

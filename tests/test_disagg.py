@@ -1,0 +1,96 @@
+"""Disaggregated serving on CPU: two gloo workers with the shipped model answer every request with
+the co-located engine's tokens, return every block on both sides, and a killed worker is named
+while the requests in flight get an error, never a hang."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from dispatch.serve import EngineConfig, LLMEngine, RequestParams
+from dispatch.serve.disagg import DisaggConfig, Disaggregated, WorkerError
+from dispatch.serve.handoff import gather, handoff_plan, scatter
+
+ENGINE = dict(block_size=4, max_seqs=8, max_step_tokens=16, num_blocks=96)  # a chunk is 16 tokens
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from dispatch.train import load
+
+    return load("cpu")
+
+
+@pytest.fixture(scope="module")
+def served():
+    with Disaggregated(DisaggConfig(**ENGINE, timeout_s=60)) as d:
+        yield d
+
+
+def test_handoff_plan_example_and_a_round_trip():
+    assert handoff_plan(10, 4, [3, 9, 4], cached_tokens=4) == [(1, 9), (2, 4)]
+    assert handoff_plan(1, 4, [5]) == [(0, 5)]
+    with pytest.raises(ValueError, match="need 3 decode blocks"):
+        handoff_plan(10, 4, [3, 9])
+    with pytest.raises(ValueError, match="whole blocks"):
+        handoff_plan(10, 4, [3, 9, 4], cached_tokens=3)
+    src = torch.randn(2, 9, 4, 2, 1, 3)  # [L, NB+1, BS, 2, KV, D]
+    dst = torch.zeros_like(src)
+    payload = gather(src, [7, 2, 5])
+    scatter(dst, payload, handoff_plan(10, 4, [3, 0, 4]))
+    assert torch.equal(dst[:, [3, 0, 4]], src[:, [7, 2, 5]]) and dst[:, [1, 2, 5, 6, 7, 8]].abs().sum() == 0
+
+
+def test_every_request_gets_the_co_located_tokens_and_no_block_leaks(served, shipped):
+    tok = shipped.tokenizer
+    texts = ["def main(", "import os\nimport sys\nimport json\n" * 3, "class Foo:", "x = ["]
+    prompts = [[tok("def")["input_ids"][0]]] + [tok(t)["input_ids"] for t in texts]  # one token, > one chunk
+    assert len(prompts[0]) == 1 and max(map(len, prompts)) > ENGINE["max_step_tokens"]
+    params = [RequestParams(max_tokens=n) for n in (20, 9, 14, 1, 30)]
+    params.append(RequestParams(max_tokens=12, temperature=0.8, seed=3))  # the generator travels too
+    prompts.append(prompts[1][:7])
+    before = served.stats()
+    outs = served.generate(prompts, params)
+    torch.set_num_threads(1)
+    ref = LLMEngine(shipped.model, EngineConfig(**ENGINE)).generate(prompts, params)
+    assert [o.tokens for o in outs] == [r.tokens for r in ref]
+    assert [o.finish_reason for o in outs] == [r.finish_reason for r in ref]
+    assert all(o.error is None and o.ttft_s > 0 for o in outs)
+    assert outs[1].handoff_bytes == -(-len(prompts[1]) // 4) * 4 * 4096  # blocks x slots x KV bytes/token
+    after = served.stats()
+    for role in ("prefill", "decode"):
+        assert after[role]["free"] == before[role]["free"] == after[role]["blocks"], role
+
+
+def test_bad_requests_and_configs_are_refused_clearly(served):
+    for prompt, params, msg in [([], RequestParams(), "at least one token"),
+                                ([1, 99999], RequestParams(), r"ints in \[0, 4096\)"),
+                                ([1] * 120, RequestParams(max_tokens=20), "exceeds the context"),
+                                ([1], RequestParams(stop=("x",)), "stop strings")]:
+        with pytest.raises(ValueError, match=msg):
+            served.submit(prompt, params)
+    for bad, msg in [(dict(max_seqs=0), "max_seqs"), (dict(backend="mpi"), "backend"),
+                     (dict(timeout_s=0), "timeout_s"), (dict(model=""), "model")]:
+        with pytest.raises(ValueError, match=msg):
+            DisaggConfig(**bad)
+
+
+@pytest.mark.parametrize("victim", ["decode", "prefill"])
+def test_a_killed_worker_is_named_and_requests_in_flight_get_an_error(victim):
+    d = Disaggregated(DisaggConfig(**ENGINE, timeout_s=20))
+    try:
+        ids = [d.submit(list(range(1 + i, 9 + i)), RequestParams(max_tokens=100, ignore_eos=True)) for i in range(4)]
+        end = time.monotonic() + 30
+        while not d.requests[ids[0]].tokens and time.monotonic() < end:
+            d._pump(1.0)
+        os.kill(d.pid(victim), signal.SIGKILL)
+        t0 = time.monotonic()
+        d.wait(ids)
+        assert time.monotonic() - t0 < 10
+        assert all(d.requests[i].finish_reason == "error" for i in ids)
+        assert f"the {victim} worker was killed by signal SIGKILL" in d.requests[ids[-1]].error
+        with pytest.raises(WorkerError, match=f"{victim} worker was killed"):
+            d.submit([1, 2], RequestParams())
+    finally:
+        d.close()
