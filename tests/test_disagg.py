@@ -83,7 +83,7 @@ def test_a_killed_worker_is_named_and_requests_in_flight_get_an_error(victim):
         ids = [d.submit(list(range(1 + i, 9 + i)), RequestParams(max_tokens=100, ignore_eos=True)) for i in range(4)]
         end = time.monotonic() + 30
         while not d.requests[ids[0]].tokens and time.monotonic() < end:
-            d._pump(1.0)
+            d.poll(1.0)
         os.kill(d.pid(victim), signal.SIGKILL)
         t0 = time.monotonic()
         d.wait(ids)

@@ -126,6 +126,7 @@ class Disaggregated:
         self._stats: dict[str, dict] = {}
         self._reports: list[tuple[bool, float, str, str]] = []  # (a symptom?, when, worker, what)
         self._closed = False
+        self._heard = time.monotonic()  # the last report from either worker
         self._start()
 
     # ---- processes ----
@@ -221,6 +222,14 @@ class Disaggregated:
             for q in self.inbox.values():
                 q.put(("abort", rid))
 
+    def poll(self, timeout: float = 0.0) -> None:
+        """Take the reports that arrive within ``timeout`` s (a driver submitting at chosen times)."""
+        end = time.monotonic() + timeout
+        while True:
+            self._pump(max(0.0, end - time.monotonic()))
+            if self.error is not None or time.monotonic() >= end:
+                return
+
     def in_flight(self) -> list[int]:
         return [rid for rid, r in self.requests.items() if not r.finished]
 
@@ -240,7 +249,7 @@ class Disaggregated:
     def wait(self, ids: list[int]) -> None:
         """Until every request of ``ids`` is answered (tokens or an error); a silence of timeout_s is a fault."""
         while any(not self.requests[i].finished for i in ids):
-            self._pump(self.cfg.timeout_s)
+            self._pump(0.1)
 
     def stats(self) -> dict[str, dict]:
         """Each worker's pool: {"prefill": {"free", "blocks", "running", ...}, "decode": {...}}."""
@@ -249,16 +258,20 @@ class Disaggregated:
         self._stats = {}
         for q in self.inbox.values():
             q.put(("stats",))
+        end = time.monotonic() + self.cfg.timeout_s
         while len(self._stats) < 2:
-            self._pump(self.cfg.timeout_s)
+            self._pump(0.1)
+            if self.error is None and time.monotonic() > end:
+                self._fail(f"no stats within timeout_s={self.cfg.timeout_s:g} s", "decode" if "prefill" in self._stats
+                           else "prefill")
             if self.error is not None:
                 raise self.error
         return self._stats
 
     # ---- events ----
     def _pump(self, timeout: float, starting: bool = False) -> None:
-        """Take the workers' reports for up to ``timeout`` s (returns at the first); a fault if none
-        comes and a worker is dead, or if none comes at all while requests wait."""
+        """Take the workers' reports for up to ``timeout`` s (returns after the first); a fault when a
+        worker is dead, or when requests wait and neither worker has said anything for timeout_s."""
         end = time.monotonic() + max(timeout, 0.0)
         while True:
             try:
@@ -266,6 +279,7 @@ class Disaggregated:
             except queue.Empty:
                 msg = None
             if msg is not None:
+                self._heard = time.monotonic()
                 self._take(msg)
                 if msg[0] != "error":
                     return
@@ -274,10 +288,11 @@ class Disaggregated:
                     self._fail(_death(p.exitcode), r, symptom=p.exitcode == 0)
             if self.error is not None:
                 return
-            if time.monotonic() > end:
-                if not starting and (self.in_flight() or len(self._stats) < 2):
-                    self._fail(f"no report from either worker within timeout_s={self.cfg.timeout_s:g} s "
-                               f"({len(self.in_flight())} requests in flight)", "prefill")
+            silent = time.monotonic() - self._heard
+            if not starting and self.in_flight() and silent > self.cfg.timeout_s:
+                self._fail(f"sent no report for {silent:.0f} s (timeout_s={self.cfg.timeout_s:g}) with "
+                           f"{len(self.in_flight())} requests in flight", "prefill")
+            if self.error is not None or time.monotonic() > end:
                 return
 
     def _take(self, msg) -> None:
