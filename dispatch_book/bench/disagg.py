@@ -12,7 +12,8 @@ Writes ``<out>/<gpu>x<devices>/disagg.json`` after every row (a run cut short ke
 
 Co-located = two replicas with round-robin balancing, each replica's share replayed on device 0 in
 turn (independent replicas: one device measures both). Disaggregated = prefill on device 0, decode
-on device 1, the KV blocks over NCCL; with one GPU (or none) the pair runs on CPU with gloo.
+on device 1, the KV blocks over NCCL; with no GPU the pair runs on CPU with gloo; with one GPU the
+disaggregated rows hold the model's prediction only (``did_not_run``), from the curves measured there.
 Model: on a GPU OLMoE-1B-7B's config with random bf16 weights (``e2e.build``); on CPU the shipped one.
 """
 from __future__ import annotations
@@ -46,6 +47,8 @@ def parse(argv):
     ap.add_argument("--output", type=int, default=None, help="tokens per answer")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting rows after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--link-gbps", type=float, default=100.0,
+                    help="with one GPU: the link the model assumes for the handoff (GB/s)")
     return ap.parse_args(argv)
 
 
@@ -116,6 +119,17 @@ def main(argv=None) -> None:
         write(file, rows, s, cli["allow_dirty"])
         print(json.dumps(rows[-1]))
     del model
+    if runtime.HAS_CUDA and torch.cuda.device_count() < 2:  # one GPU: the model's rows only
+        lay = Layout(budget=s["budget"], max_seqs=64, prefill_budget=s["prefill_budget"], kv_bytes_per_token=kvb,
+                     link_gbps=a.link_gbps)
+        for m, r in todo:
+            w = Workload(float(r), tuple(mixes[m]), s["output"], s["n"], a.seed)
+            rows.append({"part": "layout", "layout": "disaggregated", "mix": m, "prompts": list(mixes[m]), "rate": r,
+                         "did_not_run": "needs two GPUs", "link_gbps_assumed": a.link_gbps,
+                         **{f"model_{k}": v for k, v in disaggregated(w, pre, dec, lay).items()}})
+        write(file, rows, s, cli["allow_dirty"])
+        print(f"wrote {file} (one GPU: the disaggregated rows are the model's only)")
+        return
     dcfg = DisaggConfig(model=s["model"], block_size=16, num_blocks=s["blocks"], max_seqs=64,
                         max_step_tokens=s["prefill_budget"], prefix_caching=False, timeout_s=120)
     with Disaggregated(dcfg) as d:
