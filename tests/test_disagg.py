@@ -80,10 +80,10 @@ def test_bad_requests_and_configs_are_refused_clearly(served):
 def test_a_killed_worker_is_named_and_requests_in_flight_get_an_error(victim):
     d = Disaggregated(DisaggConfig(**ENGINE, timeout_s=20))
     try:
-        ids = [d.submit(list(range(1 + i, 9 + i)), RequestParams(max_tokens=100, ignore_eos=True)) for i in range(4)]
+        ids = [d.submit(list(range(1 + i, 9 + i)), RequestParams(max_tokens=110, ignore_eos=True)) for i in range(4)]
         end = time.monotonic() + 30
         while not d.requests[ids[0]].tokens and time.monotonic() < end:
-            d.poll(1.0)
+            d.poll(0.01)
         os.kill(d.pid(victim), signal.SIGKILL)
         t0 = time.monotonic()
         d.wait(ids)

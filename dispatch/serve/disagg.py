@@ -180,6 +180,8 @@ class Disaggregated:
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
+        for q in (*self.inbox.values(), self.outbox):
+            q.cancel_join_thread()  # a message to a dead worker never holds this process at exit
 
     def __enter__(self):
         return self
@@ -281,12 +283,10 @@ class Disaggregated:
             if msg is not None:
                 self._heard = time.monotonic()
                 self._take(msg)
-                if msg[0] != "error":
-                    return
-            for r, p in self.procs.items():
+            for r, p in self.procs.items():  # a death is noticed at once, even while the other one talks
                 if not p.is_alive() and self.error is None and not self._closed:
                     self._fail(_death(p.exitcode), r, symptom=p.exitcode == 0)
-            if self.error is not None:
+            if self.error is not None or (msg is not None and msg[0] != "error"):
                 return
             silent = time.monotonic() - self._heard
             if not starting and self.in_flight() and silent > self.cfg.timeout_s:

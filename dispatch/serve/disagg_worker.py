@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import queue
+import threading
 import time
 import traceback
 from collections import deque
@@ -97,7 +98,9 @@ def main(role: str, port: int, backend: str, cfg, inbox, peer_inbox, outbox) -> 
         outbox.put(("error", role, "peer" if peer else "own",
                     f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))))
     outbox.close()
-    outbox.join_thread()  # every report written before the process goes
+    flush = threading.Thread(target=outbox.join_thread, daemon=True)
+    flush.start()
+    flush.join(5.0)  # every report written before the process goes (unless the router is gone)
     os._exit(0)
 
 
