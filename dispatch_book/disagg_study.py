@@ -58,7 +58,8 @@ def plot_layouts(rows: list[dict], title: str):
     for ax, metric, label in zip(axes, ("ttft_p50", "tpot_p50"), ("TTFT p50 (ms)", "TPOT p50 (ms)"), strict=True):
         for prompt, style in zip(prompts, ("-", "--", ":"), strict=False):
             for layout, color in (("colocated", "tab:blue"), ("disaggregated", "tab:orange")):
-                pts = sorted((r["rate"], r[metric] * 1e3) for r in rows if r["prompt"] == prompt and r["layout"] == layout)
+                pts = sorted((r["rate"], r[metric] * 1e3) for r in rows
+                             if r["prompt"] == prompt and r["layout"] == layout)
                 ax.plot(*zip(*pts, strict=True), style, color=color, marker="o", ms=3,
                         label=f"{layout}, prompt {prompt}")
         ax.set_xscale("log", base=2)
@@ -70,3 +71,13 @@ def plot_layouts(rows: list[dict], title: str):
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def olmoe_kv() -> dict:
+    """OLMoE-1B-7B's K/V per token (its published config, bf16): layers, KV heads, head dim, bytes."""
+    from dispatch.hf import hub_config
+
+    o = hub_config("allenai/OLMoE-1B-7B-0924", source="embedded")
+    d = o.hidden_size // o.num_attention_heads
+    return {"layers": o.num_hidden_layers, "kv_heads": o.num_key_value_heads, "head_dim": d,
+            "bytes": o.num_hidden_layers * 2 * o.num_key_value_heads * d * 2}  # K and V, 2 bytes each

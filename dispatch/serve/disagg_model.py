@@ -38,7 +38,8 @@ class StepCurve:
 
     def __post_init__(self):
         if not self.tokens or len(self.tokens) != len(self.seconds):
-            raise ValueError(f"tokens and seconds must be non-empty and of one length, got {self.tokens}, {self.seconds}")
+            raise ValueError(f"tokens and seconds must be non-empty and of one length, got {self.tokens}, "
+                             f"{self.seconds}")
         if list(self.tokens) != sorted(set(self.tokens)) or self.tokens[0] < 1:
             raise ValueError(f"tokens must be increasing positive ints, got {self.tokens}")
         if not all(s > 0 and math.isfinite(s) for s in self.seconds):
