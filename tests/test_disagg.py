@@ -94,3 +94,8 @@ def test_a_killed_worker_is_named_and_requests_in_flight_get_an_error(victim):
             d.submit([1, 2], RequestParams())
     finally:
         d.close()
+
+
+def test_a_worker_that_cannot_start_is_named_with_its_cause():
+    with pytest.raises(WorkerError, match=r"the (prefill|decode) worker raised .*no-such-checkpoint"):
+        Disaggregated(DisaggConfig(model="no-such-checkpoint", start_timeout_s=60))
