@@ -108,6 +108,8 @@ class Mover:
         try:
             while (item := self.todo.get()) is not None:
                 meta, t = item
+                if t.is_cuda:  # this thread's current device: the worker's GPU, not cuda:0
+                    torch.cuda.set_device(t.device)
                 t0 = time.perf_counter()
                 op = dist.isend if self.send else dist.irecv
                 op(t, self.peer, tag=meta.tag).wait()  # bounded by the group's timeout
