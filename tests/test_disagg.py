@@ -99,3 +99,25 @@ def test_a_killed_worker_is_named_and_requests_in_flight_get_an_error(victim):
 def test_a_worker_that_cannot_start_is_named_with_its_cause():
     with pytest.raises(WorkerError, match=r"the (prefill|decode) worker raised .*no-such-checkpoint"):
         Disaggregated(DisaggConfig(model="no-such-checkpoint", start_timeout_s=60))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (the KV blocks go over NCCL)")
+def test_nccl_pair_on_two_gpus_answers_as_the_co_located_engine():
+    """Prefill on cuda:0, decode on cuda:1, fp32: the co-located engine's tokens (a difference only at
+    a near tie of its logits), every block back, the handoff's bytes as the blocks say."""
+    from dispatch.train import load
+
+    prompts = [[5], list(range(10, 60)), list(range(100, 107)), list(range(100, 104)) + [7, 8]]
+    params = [RequestParams(max_tokens=n, ignore_eos=True) for n in (20, 9, 14, 30)]
+    with Disaggregated(DisaggConfig(**ENGINE, dtype="float32", timeout_s=120)) as d:
+        assert d.backend == "nccl" and d.info["decode"]["device"] == "cuda:1"
+        before, outs, after = d.stats(), d.generate(prompts, params), d.stats()
+    model = load("cpu", device="cuda", dtype="float32").model
+    ref = LLMEngine(model, EngineConfig(**ENGINE), record_margins=True).generate(prompts, params)
+    for o, r in zip(outs, ref, strict=True):
+        i = next((i for i, (a, b) in enumerate(zip(o.tokens, r.tokens, strict=True)) if a != b), None)
+        assert i is None or r.margins[i] < 1e-3, (o.tokens, r.tokens)
+    assert outs[1].handoff_bytes == -(-50 // 4) * 4 * 4096 and outs[1].handoff_s > 0
+    for role in ("prefill", "decode"):
+        assert after[role]["free"] == before[role]["free"] == after[role]["blocks"], role
