@@ -136,10 +136,40 @@ def _interpreter_one_launch_at_a_time() -> None:
         interpreter.InterpretedFunction.run = serial_interpreter(run)
 
 
+def _interpreter_keeps_kernel_globals() -> None:
+    """Triton's interpreter, rewriting a kernel, copies every global of its own module that the
+    kernel's globals lack into them, dunders included. For a kernel defined in a notebook those
+    globals are ``__main__``'s, which has no ``__file__``: it gets the interpreter's, and every later
+    ``spawn``/``forkserver`` child (the CPU ranks of chapter 4) then fails re-importing that file as
+    its main module. The dunders the copy added are removed after it; the rest (the names the
+    rewritten kernel calls) stay. Left alone if the interpreter's internals are not the ones expected."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    rewriter = getattr(interpreter, "FunctionRewriter", None)
+    compile_and_exec = getattr(rewriter, "_compile_and_exec", None)
+    if compile_and_exec is None or getattr(compile_and_exec, "keeps_globals", False):
+        return
+
+    def keeping(self, *args, **kwargs):
+        fn_globals = getattr(getattr(self, "fn", None), "__globals__", None)
+        before = set(fn_globals) if isinstance(fn_globals, dict) else None
+        try:
+            return compile_and_exec(self, *args, **kwargs)
+        finally:
+            if before is not None:
+                for key in [k for k in fn_globals if k not in before and k.startswith("__") and k != "__builtins__"]:
+                    del fn_globals[key]
+    keeping.keeps_globals = True
+    rewriter._compile_and_exec = keeping
+
+
 if INTERPRET:
     _interpreter_scalar_loops()
     _interpreter_patches_once()
     _interpreter_one_launch_at_a_time()
+    _interpreter_keeps_kernel_globals()
 
 
 def device(name: str = "auto") -> torch.device:

@@ -183,7 +183,8 @@ def test_a_wrapped_staleness_note_fits_the_column_and_nbval_removes_it(monkeypat
     from dispatch_book.bench import results
 
     paths = ", ".join(f"dispatch/kernels/file_{i}.py" for i in range(12))
-    note = f"Stale: recorded at 0123456789ab, 2026-12-04; {paths} changed since."
+    note = (f"Stale: recorded at 0123456789ab, 2026-12-04; {paths} changed since; "
+            f"recorded at ba9876543210, 2026-12-05; {paths} changed since.")
     monkeypatch.setattr(evidence, "stale_note", lambda doc: note)
     doc = {"versions": {"torch": "2.11", "triton": "3.6", "transformers": "5.17"}, "gpu": "NVIDIA H100",
            "date": "2026-12-04T00:00:00Z", "git_commit": "0" * 40, "command": "python -m x"}
@@ -203,3 +204,5 @@ def test_a_wrapped_staleness_note_fits_the_column_and_nbval_removes_it(monkeypat
     assert plain != current and sanitize(plain) == sanitize(current)
     refilled = textwrap.fill(plain + " tail", width=60)  # a chapter's fill() joins the note into a paragraph
     assert "Stale" not in sanitize(refilled) and sanitize(refilled).endswith(" tail")
+    cut = f"ceilings measured: {plain.rstrip('.')}; the rest from the datasheet"  # peaks.ceilings drops the period
+    assert sanitize(cut) == f"ceilings measured: {sanitize(current)}; the rest from the datasheet"

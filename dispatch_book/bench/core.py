@@ -49,6 +49,7 @@ SUITES = {
     "split": "dispatch_book.bench.split",
     "serve": "dispatch_book.bench.serve",
     "speculative": "dispatch_book.bench.speculative",
+    "disagg": "dispatch_book.bench.disagg",
     "evidence": "dispatch_book.bench.evidence",
     "all": "dispatch_book.bench.record",
 }
