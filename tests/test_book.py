@@ -71,12 +71,12 @@ def test_chapter_structure(nb):
         src = "".join(c["source"])
         assert c.get("execution_count") is not None or not src.strip() or c is cells[1], \
             f"{nb.name}: a code cell has no stored output; run `python -m dispatch_book.build run {nb.name}`"
-        if "NBVAL_IGNORE_OUTPUT" in src:
-            # nbval honours only the bare marker line; the next line must say why the output varies.
-            lines = src.splitlines()
-            i = lines.index("# NBVAL_IGNORE_OUTPUT")
-            assert i + 1 < len(lines) and lines[i + 1].startswith("#") and len(lines[i + 1]) > 15, \
-                f"{nb.name}: the line after '# NBVAL_IGNORE_OUTPUT' must be a comment saying why"
+        assert "NBVAL" not in src, f"{nb.name}: nbval markers are cell tags (nbval-ignore-output), hidden from readers"
+        if "nbval-ignore-output" in c.get("metadata", {}).get("tags", []):
+            # the reader sees why the output varies: the cell's first line is a comment saying so.
+            first = src.splitlines()[0] if src.strip() else ""
+            assert first.startswith("#") and len(first) > 15, \
+                f"{nb.name}: a cell tagged nbval-ignore-output must open with a comment saying why its output varies"
         assert not any(o.get("output_type") == "error" for o in c.get("outputs", [])), f"{nb.name}: error output"
 
 

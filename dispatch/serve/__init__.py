@@ -8,8 +8,9 @@
 
 Files: ``blocks`` (allocator, block tables, prefix cache), ``scheduler`` (continuous batching,
 chunked prefill, preemption), ``model`` (a mixed step through the lean model), ``runner`` (tables,
-CUDA graphs), ``engine`` (the API), ``server`` / ``api`` / ``metrics`` (HTTP); ``speculative`` and its helpers (chapter 9); ``disagg``,
-``disagg_worker``, ``handoff``, ``disagg_model`` (prefill/decode disaggregation, chapter 10).
+CUDA graphs), ``engine`` (the API), ``server`` / ``api`` / ``metrics`` (HTTP); ``speculative`` and
+its helpers (chapter 9); ``disagg``, ``disagg_worker``, ``handoff``, ``disagg_model`` (prefill/decode
+disaggregation, chapter 10).
 The paged decode and prefill attention kernels (+ twins): :mod:`dispatch.kernels.paged_attention`.
 """
 from dispatch.serve.blocks import BlockAllocator, BlockTable
