@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 
 from dispatch.serve import EngineConfig, LLMEngine, RequestParams
 from dispatch.serve.disagg_model import StepCurve
+from dispatch_book.figures import SMALL_PT
 
 
 def interference(model, decoding: list[list[int]], long_prompt: list[int], *, budget: int, chunked: bool,
@@ -67,7 +68,7 @@ def plot_layouts(rows: list[dict], title: str):
         ax.set_xlabel("requests per second")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=SMALL_PT)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
 
-from dispatch_book.figures import color
+from dispatch_book.figures import SMALL_PT, color
 
 
 def occupancy(out_lens: list[int], slots: int, mode: str) -> np.ndarray:
@@ -141,7 +141,7 @@ def latency_vs_load(rows: list[dict], title: str):
                 if pts:
                     ax.plot(*zip(*pts, strict=True), ls=ls, marker="o", color=color(name), label=f"{name} {pct}")
         ax.set(xscale="log", yscale="log", xlabel="arrival rate (requests/s)", ylabel=label)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=SMALL_PT)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

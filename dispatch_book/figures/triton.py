@@ -4,6 +4,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from dispatch_book.figures import SMALL_PT
+
 TILE, READ, EDGE = "#d62728", "#fdd0a2", "#d9d9d9"
 
 
@@ -60,9 +62,9 @@ def program_grid(M: int, N: int, K: int, block_m: int, block_n: int, block_k: in
                                          hatch="//", zorder=0, lw=0))
                 c_ax.add_patch(Rectangle((x, y), w, h, facecolor="white", zorder=0.1, lw=0))
             c_ax.text(x + w / 2, y + h / 2, f"({i},{j})", ha="center",
-                      va="center", fontsize=8, color="white" if mine else "black")
+                      va="center", fontsize=SMALL_PT, color="white" if mine else "black")
     c_ax.set_xlim(-0.5, gn * block_n + 0.5)
     c_ax.set_ylim(gm * block_m + 0.5, -0.5)
     fig.suptitle(f"grid ({gm}, {gn}): program ({pm},{pn}) computes its {block_m} × {block_n} tile of C "
-                 f"from {block_m} rows of A and {block_n} columns of B, {block_k} at a time", fontsize=9)
+                 f"from {block_m} rows of A and {block_n} columns of B, {block_k} at a time", fontsize=SMALL_PT)
     return fig
