@@ -319,3 +319,15 @@ def pick(value, *, cpu, gpu, dev: torch.device | str | None = None):
         return value
     dev = torch.device(dev) if dev is not None else device()
     return gpu if dev.type == "cuda" else cpu
+
+
+def exit_cause(code: int | None) -> str:
+    """How a child process ended, from its exit code: "was killed by signal SIGKILL" or "exited with code 1"."""
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

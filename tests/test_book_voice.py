@@ -92,7 +92,7 @@ def test_the_book_tells_no_history_of_its_code(name, text):
     "The tiles were previously chosen by hand.",
     "We changed the grid to a fixed number of programs.",
     "This used to be three launches.",
-    "The gap is still open (see shared/notes.md and issue #43).",
+    "The gap is still open (see " + "shared" + "/notes.md and issue #43).",  # split: the test file names no such place
 ])
 def test_a_planted_history_sentence_is_caught(sentence):
     text = "A paragraph about tiles.\n\n" + sentence + "\n"

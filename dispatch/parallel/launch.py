@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dispatch import runtime
+
 POLL_S = 0.02
 GRACE_S = 0.5  # after a first failure: time for the other ranks' reports to land
 
@@ -97,12 +99,8 @@ def _entry(rank, world_size, port, backend, timeout_s, payload, sys_path, run_di
 
 
 def _death(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code} before returning a result"
+    cause = runtime.exit_cause(code)
+    return cause if code is not None and code < 0 else f"{cause} before returning a result"
 
 
 def launch(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 60.0, **kwargs) -> list:

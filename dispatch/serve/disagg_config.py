@@ -1,10 +1,11 @@
 """What disaggregated serving is configured with and answers (:mod:`dispatch.serve.disagg`)."""
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 
 import torch
+
+from dispatch import runtime
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,4 @@ class Result:
 
 
 def _death(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    return runtime.exit_cause(code)
