@@ -236,15 +236,23 @@ def test_every_glue_a_page_names_is_glued_by_its_chapter():
 
 def test_chapter_titles_are_numbered_alike():
     """``NN_name`` is "Chapter N", N = 0, 1, 2, ... in reading order; an interlude after chapter N,
-    ``NNb_name``, is "Chapter N.5"."""
+    ``NNb_name``, is "Chapter N.5"; chapter N's lab notes, ``NN_lab_notes``, are "Chapter N lab notes"
+    and follow it."""
     def number(nb):
         m = re.match(r"(\d\d)(b?)_", nb.name)
         assert m, f"{nb.name}: a chapter's file is NN_name or NNb_name"
         return f"{int(m[1])}.5" if m[2] else str(int(m[1]))
 
+    def heading(nb):
+        return f"# Chapter {number(nb)}" + (" lab notes" if nb.stem.endswith("_lab_notes") else "")
+
     titles = [json.loads(nb.read_text())["cells"][0]["source"][0] for nb in NOTEBOOKS]
-    assert [t.split(":")[0] for t in titles] == [f"# Chapter {number(nb)}" for nb in NOTEBOOKS], titles
-    whole = [int(number(nb)) for nb in NOTEBOOKS if "." not in number(nb)]
+    assert [t.split(":")[0] for t in titles] == [heading(nb) for nb in NOTEBOOKS], titles
+    order = [nb.stem for nb in NOTEBOOKS]
+    for i, stem in enumerate(order):
+        if stem.endswith("_lab_notes"):
+            assert order[i - 1].startswith(stem[:3]), f"{stem} follows its chapter"
+    whole = [int(number(nb)) for nb in NOTEBOOKS if "." not in number(nb) and not nb.stem.endswith("_lab_notes")]
     assert whole == list(range(len(whole))), whole
 
 
