@@ -27,10 +27,26 @@ INT32_PTRS = {"ids_ptr", "pos_ptr", "hist_ptr", "counts_ptr", "before_ptr", "off
 FP32_ARGS = {"eps", "scale", "qk_scale", "scaling"}
 
 
+def _groups(fn) -> dict:
+    """The fields of ``fn``'s tuple arguments by argument name: its module's ``GROUPS`` (none if it has none)."""
+    return getattr(fn, "fn", fn).__globals__.get("GROUPS", {})
+
+
+def _leaves(fn) -> dict:
+    """{name: path} of every argument of ``fn`` and every field of its tuple arguments (``_groups``): (i,) for
+    argument i, (i, j) for field j of a tuple argument i; a tuple argument is also named, at (i,)."""
+    groups, paths = _groups(fn), {}
+    for i, p in enumerate(fn.params):
+        paths[p.name] = (i,)
+        if not p.is_constexpr:
+            paths.update(((f, (i, j)) for j, f in enumerate(groups.get(p.name, ()))))
+    return paths
+
+
 def _signature(fn, const: dict, ptrs: dict | None = None) -> dict:
     """``fn``'s arguments typed as a launch specialises them: the names in ``const`` constexpr; a
     pointer as ``ptrs`` says, else by name (FP32_PTRS, INT32_PTRS), else bf16; FP32_ARGS fp32; other
-    scalars i32."""
+    scalars i32. A tuple argument (``_groups``) is the tuple of its fields' types, each typed by its name."""
     ptrs = ptrs or {}
 
     def typed(n):
@@ -41,7 +57,9 @@ def _signature(fn, const: dict, ptrs: dict | None = None) -> dict:
         if n.endswith("_ptr"):
             return ptrs.get(n) or ("*fp32" if n in FP32_PTRS else "*i32" if n in INT32_PTRS else "*bf16")
         return "fp32" if n in FP32_ARGS else "i32"
-    return {n: typed(n) for n in fn.arg_names}
+    groups = _groups(fn)
+    return {p.name: tuple(typed(f) for f in groups[p.name]) if p.name in groups and p.name not in const
+            and not p.is_constexpr else typed(p.name) for p in fn.params}
 
 
 def offline(*args: str, env: dict | None = None) -> list:
@@ -72,8 +90,11 @@ def _compile(fn, signature: dict, constexprs: dict, target: int, num_warps: int,
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default and p.name not in constexprs}
     signature = {n: "constexpr" if n in defaults else t for n, t in signature.items()}
     constexprs = {**constexprs, **defaults}  # a constexpr left out takes its default, as at a launch
-    names = list(signature)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] not in ("constexpr", "fp32")}
+    paths = _leaves(fn)  # a field of a tuple argument at its path (i, j)
+    constexprs = {paths[n] if isinstance(n, str) else n: v for n, v in constexprs.items()}
+    leaves = [((i, j), t) if isinstance(ts, tuple) else ((i,), ts) for i, ts in enumerate(signature.values())
+              for j, t in (enumerate(ts) if isinstance(ts, tuple) else [(0, ts)])]
+    attrs = {path: [["tt.divisibility", 16]] for path, t in leaves if t not in ("constexpr", "fp32")}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", target, 32 * (4 if target >= 90 else 1)),
                           options={"num_warps": num_warps, "num_stages": num_stages})

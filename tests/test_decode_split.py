@@ -124,10 +124,10 @@ from dispatch_book.kernel_ir import _compile, _signature
 from dispatch.kernels import decode_split as ds
 ptrs = dict(ids_ptr="*i32", w_ptr="*fp32", gs_ptr="*fp32", ds_ptr="*fp32", p_ptr="*fp32", ws_ptr="*i32",
             trace_ptr="*i64")
-base = dict(G_SBR=1, G_SBC=1, G_QUANT=False, G_LATE=False, D_SBR=1, D_SBC=1, D_QUANT=False, D_LATE=False,
+base = dict(G=(1, 1, False, False), D=(1, 1, False, False),
             BLOCK_M=16, BLOCK_I=32, BLOCK_H=128, BLOCK_HO=128, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3, NS=0,
             BLOCK_T=1, BLOCK_R=ds.R_COLS, PDL=False)
-int8 = dict(base, G_QUANT=True, G_LATE=True, D_QUANT=True, D_LATE=True, G_SBC=2048, D_SBC=1024)
+int8 = dict(base, G=(1, 2048, True, True), D=(1, 1024, True, True))  # (SBR, SBC, QUANT, LATE_SCALE)
 out = {}
 for name, c, p in (("bf16", base, ptrs), ("one row", dict(base, BLOCK_M=1), ptrs),
                    ("shared", dict(base, NS=2, BLOCK_E=128), ptrs),

@@ -63,7 +63,7 @@ ptrs = dict(ids_ptr="*i32", gs_ptr="*fp32", ds_ptr="*fp32", out_ptr="*fp32", w_p
             ws_ptr="*i32")
 dec = dict(SBR=1, SBC=1, QUANT=False, W8A8=False, LATE_SCALE=False, BLOCK_M=16, BLOCK_E=64, CHUNK_N=16,
            NUM_STAGES=3, NS=0, PDL=False)
-one = dict(G_SBR=1, G_SBC=1, G_QUANT=False, G_LATE=False, D_SBR=1, D_SBC=1, D_QUANT=False, D_LATE=False,
+one = dict(G=(1, 1, False, False), D=(1, 1, False, False),
            BLOCK_M=16, BLOCK_I=32, BLOCK_H=256, BLOCK_HO=32, BLOCK_ID=128, BLOCK_E=64, CHUNK_N=16, NUM_STAGES=3,
            NS=0, KP=8, BLOCK_T=8, PDL=False)
 out = {}

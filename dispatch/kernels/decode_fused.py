@@ -40,6 +40,7 @@ import triton.language as tl
 from dispatch import runtime
 from dispatch.kernels import pdl
 from dispatch.kernels import trace as trace_rows
+from dispatch.kernels.gemv_kernels import GROUPS as GROUPS  # the fields of this module's tuple arguments
 from dispatch.kernels.gemv_kernels import _down_item, _expert_counts, _up_item
 from dispatch.kernels.helpers import k_order_sum
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
@@ -49,19 +50,22 @@ COUNTERS = tl.constexpr(2)  # ws[0]: the ticket, ws[1]: programs that have left;
 
 
 @triton.jit
-def _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, o_tile, s_it, s_ik, s_on, s_yt,
-                  NS: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HO: tl.constexpr):
+def _combine_tile(out, ids, y, T, K, E, H, o_tile, NS: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_HO: tl.constexpr):
     """y_TH[:, the H tile] = Σ_k out_NH[t·(K+NS) + k] in k order (fp32, one cast): the k-order sum of
     ``combine``; a routed row whose id is outside [0, E) is selected away (never written). Rows are read
     from L2 (other programs wrote them)."""
+    out_ptr, stride_on = out
+    ids_ptr, stride_it, stride_ik = ids
+    y_ptr, stride_yt = y
     offs_o = o_tile * BLOCK_HO + tl.arange(0, BLOCK_HO)
     mask_o = offs_o < H
     for t0 in range(0, T, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         mask_t = offs_t < T
-        acc = k_order_sum(out_ptr, ids_ptr, offs_t, mask_t, offs_o, mask_o, K, E, s_on, 1, s_it, s_ik,
+        acc = k_order_sum(out_ptr, ids_ptr, offs_t, mask_t, offs_o, mask_o, K, E, stride_on, 1, stride_it, stride_ik,
                           NS, KP, True, ".cg", BLOCK_T, BLOCK_HO)
-        tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * s_yt + offs_o[None, :], acc.to(y_ptr.dtype.element_ty),
+        tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * stride_yt + offs_o[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=mask_t[:, None] & mask_o[None, :])
 
 
@@ -92,19 +96,18 @@ def _wait_for(ptr, target):
 
 
 @triton.jit
-def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, h_ptr, out_ptr, y_ptr, ws_ptr,
-                         N, T, K, E, H, I, LAG,
-                         s_xt, s_it, s_ik, s_wt, s_wk, s_ge, s_gi, s_gse, s_gsr, s_gsc,
-                         s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, s_yt, sgu_ptr, s_sgi, sdn_ptr, s_sdh, trace_ptr,
-                         G_SBR: tl.constexpr, G_SBC: tl.constexpr, G_QUANT: tl.constexpr, G_LATE: tl.constexpr,
-                         D_SBR: tl.constexpr, D_SBC: tl.constexpr, D_QUANT: tl.constexpr, D_LATE: tl.constexpr,
+def _fused_decode_kernel(x, ids, w, gate_up, down, h, out, y, dims, T, LAG,  # operands (gemv_kernels.GROUPS), T, lag
+                         ws_ptr, trace_ptr,  # the int32 counters (workspace), the trace rows
+                         G: tl.constexpr, D: tl.constexpr,  # gate/up's and down's (SBR, SBC, QUANT, LATE_SCALE)
                          BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HO: tl.constexpr, BLOCK_ID: tl.constexpr, BLOCK_E: tl.constexpr,
                          CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr, KP: tl.constexpr,
-                         BLOCK_T: tl.constexpr, PDL: tl.constexpr, ACT: tl.constexpr, TRACE: tl.constexpr = False):
+                         BLOCK_T: tl.constexpr,  # tiles, shared experts, the combine's k and token blocks
+                         PDL: tl.constexpr, ACT: tl.constexpr, TRACE: tl.constexpr = False):
     """Every up and down item, by ticket (the module's docstring); TRACE: row ``ticket`` of trace_ptr."""
     pdl_enter(PDL)
-    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
+    N, K, E, H, I = dims
+    count_E, slot_E, used = _expert_counts(ids, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles_u = tl.cdiv(I, BLOCK_I)
     tiles_d = tl.cdiv(H, BLOCK_HO)
     n_up = used * tiles_u
@@ -114,30 +117,25 @@ def _fused_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
     while ticket < n_up + used * tiles_d:
         up, item = _ticket_item(ticket, used, tiles_u, tiles_d, LAG)
         t0 = stamp(TRACE)
-        if up:
-            slot = _up_item(item, tiles_u, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-                            s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, x_ptr, 0,
-                            G_SBR, G_SBC, G_QUANT, False, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N,
-                            NUM_STAGES, NS, ACT)
+        if up:  # no activation scales (never W8A8)
+            slot = _up_item(item, tiles_u, count_E, slot_E, x, ids, gate_up, (x[0], 0), h, dims,
+                            G[0], G[1], G[2], False, G[3], BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES,
+                            NS, ACT)
             tl.debug_barrier()  # every thread's h stores precede the release
             tl.atomic_add(slot_ptr + slot, 1, sem="release")
         else:
             _wait_for(slot_ptr + item // tiles_d, tiles_u)
-            _down_item(item, tiles_d, count_E, slot_E, h_ptr, ids_ptr, w_ptr, dn_ptr, ds_ptr, out_ptr, N, K, E, H, I,
-                       s_it, s_ik, s_wt, s_wk, s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_on, sdn_ptr, s_sdh,
-                       h_ptr, 0, D_SBR, D_SBC, D_QUANT, False, D_LATE, BLOCK_M, BLOCK_HO, BLOCK_ID, BLOCK_E, CHUNK_N,
-                       NUM_STAGES, NS)
+            _down_item(item, tiles_d, count_E, slot_E, h, ids, w, down, out, (h[0], 0), dims,
+                       D[0], D[1], D[2], False, D[3], BLOCK_M, BLOCK_HO, BLOCK_ID, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
             tl.debug_barrier()
             if tl.atomic_add(tile_ptr + item % tiles_d, 1, sem="acq_rel") == used - 1:  # the tile's last row
-                _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, item % tiles_d, s_it, s_ik, s_on, s_yt,
-                              NS, KP, BLOCK_T, BLOCK_HO)
+                _combine_tile(out, ids, y, T, K, E, H, item % tiles_d, NS, KP, BLOCK_T, BLOCK_HO)
         record(trace_ptr, ticket, tl.where(up, 0, 1), t0, TRACE)
         ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
     if tl.atomic_add(ws_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:  # the last to leave
         if used == 0:  # no row was routed to a valid expert: every row is selected away, y is zero
             for o_tile in range(0, tiles_d):
-                _combine_tile(out_ptr, ids_ptr, y_ptr, T, K, E, H, o_tile, s_it, s_ik, s_on, s_yt,
-                              NS, KP, BLOCK_T, BLOCK_HO)
+                _combine_tile(out, ids, y, T, K, E, H, o_tile, NS, KP, BLOCK_T, BLOCK_HO)
         n = COUNTERS + BLOCK_E + tiles_d
         for c0 in range(0, n, 1024):
             offs = c0 + tl.arange(0, 1024)
@@ -165,17 +163,16 @@ def workspace(device: torch.device, n: int) -> torch.Tensor:
 
 
 def weight_consts(op) -> dict:
-    """The one-launch kernels' constexprs of both weights (``G_``: gate/up, ``D_``: down) from ``op``."""
-    g, d = op.gate_up[3], op.down[3]
-    return dict(G_SBR=g["SBR"], G_SBC=g["SBC"], G_QUANT=g["QUANT"], G_LATE=g["LATE_SCALE"],
-                D_SBR=d["SBR"], D_SBC=d["SBC"], D_QUANT=d["QUANT"], D_LATE=d["LATE_SCALE"])
+    """The one-launch kernels' constexprs of both weights (``G``: gate/up, ``D``: down; each (SBR, SBC, QUANT,
+    LATE_SCALE)) from ``op``."""
+    keys = ("SBR", "SBC", "QUANT", "LATE_SCALE")
+    return dict(G=tuple(op.gate_up[3][k] for k in keys), D=tuple(op.down[3][k] for k in keys))
 
 
 @runtime.serial_interpreter  # its counters (workspace) are shared by every call on the device
 def fused_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> torch.Tensor:  # noqa: E741
     """y_TH of the chain's items in one launch (inputs checked, T ≥ 1; ``op``:
     :func:`dispatch.kernels.gemv._operands`)."""
-    (gu, gs, gs_strides, _), (dn, ds, ds_strides, _) = op.gate_up, op.down
     x_TH, ns, N = op.x_TH, op.ns, op.N
     (T, H), K = x_TH.shape, ids_TK.shape[1]
     tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
@@ -186,10 +183,9 @@ def fused_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> tor
     items = min(E + ns, N) * (tiles_u + tiles_d)  # at most: used experts × their up and down tiles
     tr, = trace_rows.buffers(trace, x_TH, ("one launch", items))
     _fused_decode_kernel[(max(1, min(cfg.programs, items)),)](
-        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, out_NH, y_TH, ws, N, T, K, E, H, I, cfg.fused,
-        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
-        h_NI.stride(0), out_NH.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0), tr,
+        (x_TH, x_TH.stride(0)), (ids_TK, *ids_TK.stride()), (weights_TK, *weights_TK.stride()), op.gate_up_arg,
+        op.down_arg, (h_NI, h_NI.stride(0)), (out_NH, out_NH.stride(0)), (y_TH, y_TH.stride(0)), (N, K, E, H, I),
+        T, cfg.fused, ws, tr,
         **weight_consts(op),
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_ID=cfg.block_id,
         BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, KP=triton.next_power_of_2(K + ns),

@@ -37,6 +37,7 @@ from dispatch import runtime
 from dispatch.kernels import decode_fused, pdl
 from dispatch.kernels import trace as trace_rows
 from dispatch.kernels.decode_fused import _wait_for, weight_consts
+from dispatch.kernels.gemv_kernels import GROUPS as GROUPS  # the fields of this module's tuple arguments
 from dispatch.kernels.gemv_kernels import (
     _expert_counts,
     _late_scales,
@@ -57,37 +58,40 @@ R_COLS = 32  # output columns of a reduce item
 
 
 @triton.jit
-def _partial_item(item, tiles, count_E, slot_E, h_ptr, ids_ptr, dn_ptr, ds_ptr, p_ptr, N, K, E, H, I,
-                  s_it, s_ik, s_de, s_dh, s_se, s_sr, s_sc, s_hn, sdn_ptr, s_sdh,
-                  SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,
+def _partial_item(item, tiles, count_E, slot_E,  # the item; the expert counts and slots (_expert_counts)
+                  h, ids, down, p_ptr, dims,  # operands (gemv_kernels.GROUPS), the partial sums; (N, K, E, H, I)
+                  SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, LATE_SCALE: tl.constexpr,  # down's format
                   BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_E: tl.constexpr,
-                  CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):
+                  CHUNK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NS: tl.constexpr):  # tiles, shared experts
     """P[rows of the slot's expert, tile, :] = h[rows, I tile] @ down[:, I tile].T, fp32, for the item
     (slot, I tile) = divmod(item, tiles) whose h this program has just stored (read back after a barrier)."""
+    h_ptr, stride_hn = h
+    dn_ptr, stride_de, stride_dh, ds_ptr, stride_dse, stride_dsr, stride_dsc, sdn_ptr, stride_sdh = down
+    N, K, E, H, I = dims
     e, count = _slot_expert(count_E, slot_E, item // tiles, BLOCK_E)
     tile = item % tiles
-    s_e = ds_ptr + e.to(tl.int64) * s_se
+    s_e = ds_ptr + e.to(tl.int64) * stride_dse
     offs_i = tile * BLOCK_I + tl.arange(0, BLOCK_I)
     mask_i = offs_i < I
-    base, s_row = dn_ptr + e.to(tl.int64) * s_de, s_dh  # the expert's [H, I], its row stride
+    base, s_row = dn_ptr + e.to(tl.int64) * stride_de, stride_dh  # the expert's [H, I], its row stride
     if NS > 0:  # shared expert E + j: columns j·I .. of the shared down [H, S]
         base = tl.where(e >= E, sdn_ptr + ((e - E) * I).to(tl.int64), base)
-        s_row = tl.where(e >= E, s_sdh, s_row)
+        s_row = tl.where(e >= E, stride_sdh, s_row)
     down_ptr = base + offs_i[:, None]  # [BLOCK_I, 1], I contiguous
     for m0 in range(0, count, BLOCK_M):
-        rows_M, valid_M = _rows_of_expert(ids_ptr, s_it, s_ik, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
-        h_MI = tl.load(h_ptr + rows_M.to(tl.int64)[:, None] * s_hn + offs_i[None, :],  # this program's stores
+        rows_M, valid_M = _rows_of_expert(ids, N, K, E, NS, e, count, m0, BLOCK_M, CHUNK_N)
+        h_MI = tl.load(h_ptr + rows_M.to(tl.int64)[:, None] * stride_hn + offs_i[None, :],  # this program's stores
                        mask=valid_M[:, None] & mask_i[None, :], other=0.0)
         p_row = p_ptr + (rows_M.to(tl.int64) * tiles + tile)[:, None] * H
         for o0 in tl.range(0, H, BLOCK_HO, num_stages=NUM_STAGES):
             offs_o = o0 + tl.arange(0, BLOCK_HO)
             mask_o = offs_o < H
             d_IO = tl.load(down_ptr + offs_o[None, :] * s_row, mask=mask_i[:, None] & mask_o[None, :], other=0.0)
-            s_O = _block_scales(s_e, offs_o, tile * BLOCK_I, mask_o, s_sr, s_sc, SBR, SBC, QUANT)
+            s_O = _block_scales(s_e, offs_o, tile * BLOCK_I, mask_o, stride_dsr, stride_dsc, SBR, SBC, QUANT)
             acc = _tile_mac(h_MI, 1.0, d_IO, s_O, _tile_acc(BLOCK_M, BLOCK_I, BLOCK_HO), BLOCK_M, QUANT, False,
                             LATE_SCALE)  # no activation scales: not W8A8
-            acc = _late_scales(_tile_out(acc, BLOCK_M), s_e, offs_o, mask_o, s_sr, s_sc, SBR, SBC, QUANT, False,
-                               LATE_SCALE)
+            acc = _late_scales(_tile_out(acc, BLOCK_M), s_e, offs_o, mask_o, stride_dsr, stride_dsc, SBR, SBC, QUANT,
+                               False, LATE_SCALE)
             tl.store(p_row + offs_o[None, :], acc, mask=valid_M[:, None] & mask_o[None, :])
 
 
@@ -99,10 +103,13 @@ def _tile_part(p, j, H, m, tiles, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _reduce_cols(p_ptr, w_ptr, ids_ptr, y_ptr, T, K, E, H, tiles, r_tile, s_it, s_ik, s_wt, s_wk, s_yt,
-                 NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
+def _reduce_cols(p_ptr, w, ids, y, T, K, E, H, tiles, r_tile, NS: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_R: tl.constexpr):
     """y_TH[:, the R_COLS tile] = Σ_k w[t, k] · Σ_tile P[t·(K+NS) + k, tile] (tiles in order, then k in
     order; fp32, one cast). A routed row whose id is outside [0, E) was never written: selected away."""
+    w_ptr, stride_wt, stride_wk = w
+    ids_ptr, stride_it, stride_ik = ids
+    y_ptr, stride_yt = y
     offs_o = r_tile * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_o = offs_o < H
     for t0 in range(0, T, BLOCK_T):
@@ -110,9 +117,9 @@ def _reduce_cols(p_ptr, w_ptr, ids_ptr, y_ptr, T, K, E, H, tiles, r_tile, s_it, 
         mask_t = offs_t < T
         acc = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
         for k in range(0, K + NS):  # fixed k order; the NS shared experts' rows (k ≥ K: weight 1) last
-            ok = routed_ok(ids_ptr, offs_t, mask_t, k, K, E, s_it, s_ik)
+            ok = routed_ok(ids_ptr, offs_t, mask_t, k, K, E, stride_it, stride_ik)
             routed = tl.full([BLOCK_T], k, tl.int32) < K  # the shared rows' weight is 1
-            w = tl.load(w_ptr + offs_t * s_wt + k * s_wk, mask=ok & routed, other=1.0).to(tl.float32)
+            w_T = tl.load(w_ptr + offs_t * stride_wt + k * stride_wk, mask=ok & routed, other=1.0).to(tl.float32)
             p = p_ptr + ((offs_t * (K + NS) + k).to(tl.int64) * tiles)[:, None] * H + offs_o[None, :]
             row = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
             for j in range(0, tiles, 8):  # eight loads in flight (latency, not bandwidth), added in tile order
@@ -129,46 +136,41 @@ def _reduce_cols(p_ptr, w_ptr, ids_ptr, y_ptr, T, K, E, H, tiles, r_tile, s_it, 
                 row += a5
                 row += a6
                 row += a7
-            acc += tl.where(ok[:, None], row * w[:, None], 0.0)
-        tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * s_yt + offs_o[None, :], acc.to(y_ptr.dtype.element_ty),
+            acc += tl.where(ok[:, None], row * w_T[:, None], 0.0)
+        tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * stride_yt + offs_o[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=mask_t[:, None] & mask_o[None, :])
 
 
 @triton.jit
-def _split_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, h_ptr, p_ptr, y_ptr, ws_ptr,
-                         N, T, K, E, H, I,
-                         s_xt, s_it, s_ik, s_wt, s_wk, s_ge, s_gi, s_gse, s_gsr, s_gsc,
-                         s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, s_yt, sgu_ptr, s_sgi, sdn_ptr, s_sdh, trace_ptr,
-                         G_SBR: tl.constexpr, G_SBC: tl.constexpr, G_QUANT: tl.constexpr, G_LATE: tl.constexpr,
-                         D_SBR: tl.constexpr, D_SBC: tl.constexpr, D_QUANT: tl.constexpr, D_LATE: tl.constexpr,
+def _split_decode_kernel(x, ids, w, gate_up, down, h, y, dims, T,  # operands (gemv_kernels.GROUPS), tokens
+                         p_ptr, ws_ptr, trace_ptr,  # the partial sums, the int32 counters, the trace rows
+                         G: tl.constexpr, D: tl.constexpr,  # gate/up's and down's (SBR, SBC, QUANT, LATE_SCALE)
                          BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HO: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_N: tl.constexpr,
-                         NUM_STAGES: tl.constexpr, NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+                         NUM_STAGES: tl.constexpr, NS: tl.constexpr, BLOCK_T: tl.constexpr,
+                         BLOCK_R: tl.constexpr,  # tiles, shared experts, the reduce items' token and column blocks
                          PDL: tl.constexpr, ACT: tl.constexpr, TRACE: tl.constexpr = False):
     """Split items, then reduce items, by ticket (the module's docstring). ws[0]: the ticket, ws[1]:
     programs that have left, ws[2]: split items done. TRACE: row ``ticket``, kind 2 split / 3 reduce."""
     pdl_enter(PDL)
-    count_E, slot_E, used = _expert_counts(ids_ptr, s_it, s_ik, N, K, E, NS, BLOCK_E, CHUNK_N)
+    N, K, E, H, I = dims
+    count_E, slot_E, used = _expert_counts(ids, N, K, E, NS, BLOCK_E, CHUNK_N)
     tiles = tl.cdiv(I, BLOCK_I)
     n_split = used * tiles
     ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
     while ticket < n_split + tl.cdiv(H, BLOCK_R):
         t0 = stamp(TRACE)
-        if ticket < n_split:
-            _up_item(ticket, tiles, count_E, slot_E, x_ptr, ids_ptr, gu_ptr, gs_ptr, h_ptr, N, K, E, H, I,
-                     s_xt, s_it, s_ik, s_ge, s_gi, s_gse, s_gsr, s_gsc, s_hn, sgu_ptr, s_sgi, x_ptr, 0,
-                     G_SBR, G_SBC, G_QUANT, False, G_LATE, BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N,
-                     NUM_STAGES, NS, ACT)
+        if ticket < n_split:  # no activation scales (never W8A8)
+            _up_item(ticket, tiles, count_E, slot_E, x, ids, gate_up, (x[0], 0), h, dims,
+                     G[0], G[1], G[2], False, G[3], BLOCK_M, BLOCK_I, BLOCK_H, BLOCK_E, CHUNK_N, NUM_STAGES, NS, ACT)
             tl.debug_barrier()  # the tile's h, stored by every thread, is read back below
-            _partial_item(ticket, tiles, count_E, slot_E, h_ptr, ids_ptr, dn_ptr, ds_ptr, p_ptr, N, K, E, H, I,
-                          s_it, s_ik, s_de, s_dh, s_dse, s_dsr, s_dsc, s_hn, sdn_ptr, s_sdh,
-                          D_SBR, D_SBC, D_QUANT, D_LATE, BLOCK_M, BLOCK_I, BLOCK_HO, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
+            _partial_item(ticket, tiles, count_E, slot_E, h, ids, down, p_ptr, dims,
+                          D[0], D[1], D[2], D[3], BLOCK_M, BLOCK_I, BLOCK_HO, BLOCK_E, CHUNK_N, NUM_STAGES, NS)
             tl.debug_barrier()  # every thread's partial sums precede the release
             tl.atomic_add(ws_ptr + 2, 1, sem="release")
         else:
             _wait_for(ws_ptr + 2, n_split)  # handed out before this one: running, they finish
-            _reduce_cols(p_ptr, w_ptr, ids_ptr, y_ptr, T, K, E, H, tiles, ticket - n_split, s_it, s_ik, s_wt, s_wk,
-                         s_yt, NS, BLOCK_T, BLOCK_R)
+            _reduce_cols(p_ptr, w, ids, y, T, K, E, H, tiles, ticket - n_split, NS, BLOCK_T, BLOCK_R)
         record(trace_ptr, ticket, tl.where(ticket < n_split, 2, 3), t0, TRACE)
         ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed")
     if tl.atomic_add(ws_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:  # the last to leave
@@ -179,7 +181,6 @@ def _split_decode_kernel(x_ptr, ids_ptr, w_ptr, gu_ptr, gs_ptr, dn_ptr, ds_ptr, 
 @runtime.serial_interpreter  # its counters (decode_fused.workspace) are shared by every call on the device
 def split_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> torch.Tensor:  # noqa: E741
     """y_TH by split items (inputs checked, T ≥ 1; ``op``: :func:`dispatch.kernels.gemv._operands`)."""
-    (gu, gs, gs_strides, _), (dn, ds, ds_strides, _) = op.gate_up, op.down
     x_TH, ns, N = op.x_TH, op.ns, op.N
     (T, H), K = x_TH.shape, ids_TK.shape[1]
     tiles = triton.cdiv(I, cfg.block_i)
@@ -190,10 +191,8 @@ def split_launch(op, weights_TK, ids_TK, E: int, I: int, cfg, trace=None) -> tor
     items = min(E + ns, N) * tiles + triton.cdiv(H, R_COLS)  # at most: used experts × tiles, then the reduce
     tr, = trace_rows.buffers(trace, x_TH, ("split", items))
     _split_decode_kernel[(max(1, min(cfg.programs, items)),)](
-        x_TH, ids_TK, weights_TK, gu, gs, dn, ds, h_NI, p, y_TH, ws, N, T, K, E, H, I,
-        x_TH.stride(0), ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        gu.stride(0), gu.stride(1), *gs_strides, dn.stride(0), dn.stride(1), *ds_strides,
-        h_NI.stride(0), y_TH.stride(0), op.sgu, op.sgu.stride(0), op.sdn, op.sdn.stride(0), tr,
+        (x_TH, x_TH.stride(0)), (ids_TK, *ids_TK.stride()), (weights_TK, *weights_TK.stride()), op.gate_up_arg,
+        op.down_arg, (h_NI, h_NI.stride(0)), (y_TH, y_TH.stride(0)), (N, K, E, H, I), T, p, ws, tr,
         **weight_consts(op),
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_HO=cfg.block_ho, BLOCK_E=op.BLOCK_E,
         CHUNK_N=op.CHUNK_N, NUM_STAGES=cfg.num_stages, NS=ns, BLOCK_T=min(16, triton.next_power_of_2(T)),

@@ -137,10 +137,10 @@ def moe_decode_1(x_1H, weights_1K, ids_1K, gate_up_E2IH, down_EHI, *, activation
     BLOCK_E = max(16, triton.next_power_of_2(E))
     CHUNK_N = max(16, triton.next_power_of_2(K))
     h_KI = torch.empty(K, I, dtype=x_1H.dtype, device=x_1H.device)
+    gate_up = (gate_up_E2IH, *gate_up_E2IH.stride()[:2], gate_up_E2IH, 0, 0, 0, gate_up_E2IH, 0)  # no scales, shared
     _up_swiglu_kernel[(cfg.grid(slots, triton.cdiv(I, cfg.block_i)),)](
-        x_1H, ids_1K, gate_up_E2IH, gate_up_E2IH, h_KI, K, K, E, H, I, x_1H.stride(0), ids_1K.stride(0),
-        ids_1K.stride(1), gate_up_E2IH.stride(0), gate_up_E2IH.stride(1), 0, 0, 0, h_KI.stride(0),
-        gate_up_E2IH, 0, x_1H, 0, trace_ptr=x_1H, NS=0,  # no shared expert, activation scales or trace
+        (x_1H, x_1H.stride(0)), (ids_1K, *ids_1K.stride()), gate_up, (x_1H, 0), (h_KI, h_KI.stride(0)),
+        (K, K, E, H, I), trace_ptr=x_1H, NS=0,  # no shared expert, activation scales or trace
         SBR=1, SBC=1, QUANT=False, W8A8=False, LATE_SCALE=False,  # unquantized weights; no scales
         BLOCK_M=16, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=BLOCK_E, CHUNK_N=CHUNK_N,
         NUM_STAGES=cfg.num_stages, ACT=activations.get(activation).code, num_warps=cfg.num_warps,

@@ -165,6 +165,23 @@ class _Operands(NamedTuple):
     CHUNK_N: int
     ACT: int
 
+    @property
+    def gate_up_arg(self) -> tuple:
+        """gate/up as the kernels take it (``gemv_kernels.GROUPS["gate_up"]``)."""
+        return _weight_arg(self.gate_up, self.sgu)
+
+    @property
+    def down_arg(self) -> tuple:
+        """down as the kernels take it (``gemv_kernels.GROUPS["down"]``)."""
+        return _weight_arg(self.down, self.sdn)
+
+
+def _weight_arg(weight: tuple, shared: torch.Tensor) -> tuple:
+    """(codes or weights, their expert and row strides, scales, their 3 strides, the shared weights, their row
+    stride) of a weight operand (:func:`~dispatch.kernels.quant_kernels.weight_operand`)."""
+    w, s, s_strides, _ = weight
+    return (w, w.stride(0), w.stride(1), s, *s_strides, shared, shared.stride(0))
+
 
 def _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared, activation: str = "silu") -> _Operands:
     (T, _), (K, E), I = x_TH.shape, (ids_TK.shape[1], gate_up_E2IH.shape[0]), down_EHI.shape[2]  # noqa: E741
@@ -197,26 +214,24 @@ def decode_rows(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, cfg: DecodeCon
         ns = n_shared(shared, I)
         return torch.zeros(T * (K + ns), H, dtype=torch.float32, device=x_TH.device)
     op = _operands(x_TH, ids_TK, gate_up_E2IH, down_EHI, shared, activation)
-    (gu, gs, gs_strides, g_const), (dn, ds, ds_strides, d_const) = op.gate_up, op.down
-    x_TH, sgu, sdn, ns, N = op.x_TH, op.sgu, op.sdn, op.ns, op.N
+    g_const, d_const, x_TH, ns, N = op.gate_up[3], op.down[3], op.x_TH, op.ns, op.N
     slots = min(E + ns, N)  # at most this many distinct experts are used
     h_NI = torch.empty(N, I, dtype=x_TH.dtype, device=x_TH.device)
     out_NH = torch.empty(N, H, dtype=torch.float32, device=x_TH.device)
     tiles_u, tiles_d = triton.cdiv(I, cfg.block_i), triton.cdiv(H, cfg.block_ho)
     tr_up, tr_dn = trace_rows.buffers(trace, x_TH, ("up", slots * tiles_u), ("down", slots * tiles_d))
     xq, xs = act(x_TH) if act else (x_TH, x_TH)  # no act: xs never read
+    x, ids, h = (xq, xq.stride(0)), (ids_TK, *ids_TK.stride()), (h_NI, h_NI.stride(0))
+    dims = (N, K, E, H, I)
     _up_swiglu_kernel[(cfg.grid(slots, tiles_u),)](
-        xq, ids_TK, gu, gs, h_NI, N, K, E, H, I,
-        xq.stride(0), ids_TK.stride(0), ids_TK.stride(1), gu.stride(0), gu.stride(1), *gs_strides, h_NI.stride(0),
-        sgu, sgu.stride(0), xs, xs.stride(0), tr_up, W8A8=act is not None, **g_const, TRACE=trace is not None,
+        x, ids, op.gate_up_arg, (xs, xs.stride(0)), h, dims, tr_up,
+        W8A8=act is not None, **g_const, TRACE=trace is not None,
         BLOCK_M=cfg.block_m, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, ACT=op.ACT, **pdl.launch_kw(x_TH.device, late=True))
     hq, hs = act(h_NI) if act else (h_NI, h_NI)
     _down_kernel[(cfg.grid(slots, tiles_d),)](
-        hq, ids_TK, weights_TK, dn, ds, out_NH, N, K, E, H, I,
-        ids_TK.stride(0), ids_TK.stride(1), weights_TK.stride(0), weights_TK.stride(1),
-        dn.stride(0), dn.stride(1), *ds_strides, hq.stride(0), out_NH.stride(0), sdn, sdn.stride(0),
-        hs, hs.stride(0), tr_dn, W8A8=act is not None, **d_const, TRACE=trace is not None,
+        (hq, hq.stride(0)), ids, (weights_TK, *weights_TK.stride()), op.down_arg, (out_NH, out_NH.stride(0)),
+        (hs, hs.stride(0)), dims, tr_dn, W8A8=act is not None, **d_const, TRACE=trace is not None,
         BLOCK_M=cfg.block_m, BLOCK_HO=cfg.block_ho, BLOCK_I=cfg.block_id, BLOCK_E=op.BLOCK_E, CHUNK_N=op.CHUNK_N,
         NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, NS=ns, **pdl.launch_kw(x_TH.device, late=True))
     return out_NH
