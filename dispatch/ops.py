@@ -52,8 +52,8 @@ _ENTRY = {
 # the kernel modules, by their own names (every file of dispatch/kernels but those named like a function above)
 MODULES = ("attention", "decode_fused", "decode_split", "dense_gemv", "fused_moe", "gemv",
            "gemv_kernels", "grouped_gemm", "grouped_kernels", "helpers", "norm_rope", "p2p", "paged_attention", "pdl",
-           "persistent", "quant_gemv", "quant_grouped", "quant_kernels", "routing", "sort", "tile_rules", "tiles",
-           "tma", "trace")
+           "persistent", "quant_gemv", "quant_grouped", "quant_kernels", "routing", "sort", "tile_configs",
+           "tile_rules", "tiles", "tma", "trace")
 _WHERE = {name: module for module, names in _ENTRY.items() for name in names}
 __all__ = sorted(set(_WHERE) | set(MODULES))
 

@@ -20,7 +20,7 @@ import torch
 
 from dispatch.engine.hfmodel import HFModel
 from dispatch.engine.model import LeanModel
-from dispatch.engine.sampling import SamplingParams, sample
+from dispatch.engine.sampling import SamplingParams, load_sampling, sample
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GREEDY = SamplingParams()
@@ -170,12 +170,7 @@ class Engine:
         B = bucket(n)
         if self.graphs:
             self.capture(B, params.greedy)
-        self.temperature.fill_(params.temperature or 1.0)
-        self.top_p.fill_(params.top_p)
-        if self.generator is not None:
-            self.generator.manual_seed(params.seed)
-        else:
-            torch.cuda.manual_seed(params.seed)
+        load_sampling(params, self.temperature, self.top_p, self.generator)
         stats = stats if stats is not None else Generation([])
         stats.batch, stats.prompt_tokens = n, sum(len(p) for p in prompts)
         sync = torch.cuda.synchronize if self.dev.type == "cuda" else (lambda: None)

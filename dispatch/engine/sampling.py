@@ -39,6 +39,19 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def load_sampling(params: SamplingParams, temperature: torch.Tensor, top_p: torch.Tensor,
+                  generator: torch.Generator | None) -> None:
+    """Put ``params`` where a (captured) step reads them: the 0-d ``temperature`` (1 when greedy: the
+    greedy step does not read it) and ``top_p`` tensors, and the seed of the draws (``generator``, or
+    the CUDA default generator when it is None)."""
+    temperature.fill_(params.temperature or 1.0)
+    top_p.fill_(params.top_p)
+    if generator is not None:
+        generator.manual_seed(params.seed)
+    else:
+        torch.cuda.manual_seed(params.seed)
+
+
 def sample(logits_BV: torch.Tensor, temperature: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
            *, generator: torch.Generator | None = None) -> torch.Tensor:
     """Next token per row, int64 [B]: greedy when ``temperature`` is None, else one draw."""

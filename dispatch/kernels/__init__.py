@@ -28,7 +28,8 @@ quant_gemv.py       moe_decode_quant: the decode path on int8 / fp8 codes       
 quant_grouped.py    moe_experts_quant: the grouped GEMM on int8 / fp8 codes, w8a16 or w8a8 (chapter 7)
 helpers.py          the jit pieces kernels share: SwiGLU, top-K, the k-order sum
 tiles.py            the one tile resolver: every launch config and its source (pinned, table, heuristic)
-tile_rules.py       the configs, what fits a device, and the heuristics the resolver falls back to
+tile_configs.py     the launch configs, the named ones, and what fits a device
+tile_rules.py       the heuristics the resolver falls back to without a table
 
 Import the modules themselves (``from dispatch.kernels.routing import route``, or :mod:`dispatch.ops`):
 this package imports none of them, so the plain-PyTorch parts of ``dispatch`` load without kernels.

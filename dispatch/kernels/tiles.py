@@ -23,7 +23,8 @@ Order of choice, for a layer shape (T, K, E, H, I), a dtype and a device:
    user's own table layered over it (:mod:`dispatch.tables`: ``$DISPATCH_TABLES`` or
    ``~/.cache/dispatch/tables``, where ``python -m dispatch.tune`` writes), nearest token bucket.
    Never on Triton's interpreter; ``DISPATCH_TILE_TABLE=none`` reads none, ``=<slug>`` another's.
-3. The heuristics of :mod:`dispatch.kernels.tile_rules` ("heuristic"), fitted to the device.
+3. The heuristics of :mod:`dispatch.kernels.tile_rules` ("heuristic"), fitted to the device
+   (:mod:`dispatch.kernels.tile_configs`: what fits).
 
 Quantized experts (``scheme``, e.g. 'int8-channel' or 'fp8-channel+w8a8'): the decode lookup tries the
 scheme's entry, then the weight-only scheme's, then the unquantized one's, and the result is shrunk so
@@ -42,7 +43,7 @@ from typing import NamedTuple
 import torch
 
 from dispatch import runtime, schemes, tables
-from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules, re-exported: one import for callers)
+from dispatch.kernels.tile_configs import (  # noqa: F401  (the configs and rules, re-exported: one import for callers)
     DENSE_CONFIGS,
     FEW_EXPERTS,
     HEADROOM,
@@ -59,6 +60,9 @@ from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules,
     fit_shared,
     fit_w8a8,
     fits_registers,
+    shared_bytes,
+)
+from dispatch.kernels.tile_rules import (  # noqa: F401  (the heuristics, re-exported)
     heuristic_decode,
     heuristic_dense,
     heuristic_gemm,
@@ -67,7 +71,6 @@ from dispatch.kernels.tile_rules import (  # noqa: F401  (the configs and rules,
     invariant_dense,
     next_pow2,
     pick_block_m,
-    shared_bytes,
 )
 
 DECODE_MAX_TOKENS = 64  # the crossover where no table says otherwise: decode for T ≤ 64

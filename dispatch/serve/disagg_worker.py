@@ -104,6 +104,28 @@ def main(role: str, port: int, backend: str, cfg, inbox, peer_inbox, outbox) -> 
     os._exit(0)
 
 
+def _take_commands(inbox, mover: Mover, idle: bool, handle) -> bool:
+    """Hand each command waiting in ``inbox`` to ``handle``, in order (an ``idle`` worker waits up to
+    POLL_S for the first). False on "stop": the mover is told to stop and the worker returns. A fault
+    of the mover's thread is raised here."""
+    try:
+        cmd = inbox.get(timeout=POLL_S) if idle else inbox.get_nowait()
+    except queue.Empty:
+        cmd = None
+    while cmd is not None:
+        if cmd[0] == "stop":
+            mover.stop()
+            return False
+        handle(cmd)
+        try:
+            cmd = inbox.get_nowait()
+        except queue.Empty:
+            cmd = None
+    if mover.error is not None:
+        raise mover.error
+    return True
+
+
 def _prefill(eng: _PrefillEngine, cfg, inbox, decode_inbox, outbox) -> None:
     ours: dict[int, tuple[int, RequestParams, tuple]] = {}  # engine id → (router id, params, prompt)
 
@@ -111,31 +133,23 @@ def _prefill(eng: _PrefillEngine, cfg, inbox, decode_inbox, outbox) -> None:
         outbox.put(("handoff", meta.rid, t.numel() * t.element_size(), seconds))
 
     mover = Mover(1, send=True, on_done=sent)
+
+    def handle(cmd):
+        if cmd[0] == "add":
+            _, rid, prompt, params = cmd
+            p = RequestParams(**{**params, "max_tokens": 1, "ignore_eos": True})
+            ours[eng.add_request(list(prompt), p)] = (rid, RequestParams(**params), tuple(prompt))
+        elif cmd[0] == "abort":
+            for eid, (rid, _, _) in list(ours.items()):
+                if rid == cmd[1]:
+                    eng.abort(eid)
+                    del ours[eid]
+        elif cmd[0] == "stats":
+            outbox.put(("stats", "prefill", _stats("prefill", eng, sending=mover.busy)))
+
     while True:
-        try:
-            cmd = inbox.get(timeout=POLL_S) if not eng.has_work() else inbox.get_nowait()
-        except queue.Empty:
-            cmd = None
-        while cmd is not None:
-            if cmd[0] == "stop":
-                return mover.stop()
-            if cmd[0] == "add":
-                _, rid, prompt, params = cmd
-                p = RequestParams(**{**params, "max_tokens": 1, "ignore_eos": True})
-                ours[eng.add_request(list(prompt), p)] = (rid, RequestParams(**params), tuple(prompt))
-            elif cmd[0] == "abort":
-                for eid, (rid, _, _) in list(ours.items()):
-                    if rid == cmd[1]:
-                        eng.abort(eid)
-                        del ours[eid]
-            elif cmd[0] == "stats":
-                outbox.put(("stats", "prefill", _stats("prefill", eng, sending=mover.busy)))
-            try:
-                cmd = inbox.get_nowait()
-            except queue.Empty:
-                cmd = None
-        if mover.error is not None:
-            raise mover.error
+        if not _take_commands(inbox, mover, not eng.has_work(), handle):
+            return
         deadline = time.monotonic() + cfg.timeout_s
         while mover.busy >= cfg.max_inflight:  # bound the payloads held in memory
             if mover.error is not None or time.monotonic() > deadline:
@@ -161,28 +175,20 @@ def _decode(eng: LLMEngine, cfg, inbox, _, outbox) -> None:
     mover = Mover(0, send=False, on_done=lambda meta, t, s: landed.append((meta, t)))
     kv, L = eng.runner.kv, eng.runner.kv.shape
     sent: dict[int, int] = {}  # router id → tokens reported
+
+    def handle(cmd):
+        if cmd[0] == "meta":
+            m = cmd[1]
+            mover.put(m, torch.empty(L[0], m.n_blocks, *L[2:], dtype=kv.dtype, device=kv.device))
+        elif cmd[0] == "abort":
+            if eng.abort(cmd[1]) is not None:
+                sent.pop(cmd[1], None)
+        elif cmd[0] == "stats":
+            outbox.put(("stats", "decode", _stats("decode", eng, landed=len(landed), receiving=mover.busy)))
+
     while True:
-        try:
-            cmd = inbox.get(timeout=POLL_S) if not (eng.has_work() or landed) else inbox.get_nowait()
-        except queue.Empty:
-            cmd = None
-        while cmd is not None:
-            if cmd[0] == "stop":
-                return mover.stop()
-            if cmd[0] == "meta":
-                m = cmd[1]
-                mover.put(m, torch.empty(L[0], m.n_blocks, *L[2:], dtype=kv.dtype, device=kv.device))
-            elif cmd[0] == "abort":
-                if eng.abort(cmd[1]) is not None:
-                    sent.pop(cmd[1], None)
-            elif cmd[0] == "stats":
-                outbox.put(("stats", "decode", _stats("decode", eng, landed=len(landed), receiving=mover.busy)))
-            try:
-                cmd = inbox.get_nowait()
-            except queue.Empty:
-                cmd = None
-        if mover.error is not None:
-            raise mover.error
+        if not _take_commands(inbox, mover, not (eng.has_work() or landed), handle):
+            return
         while landed and _admit(eng, *landed[0]):  # arrival order: the head waits for room
             meta, _ = landed.popleft()
             sent[meta.rid] = 1

@@ -34,7 +34,7 @@ import torch
 
 from dispatch.engine.engine import GREEDY, Engine, Generation, bucket
 from dispatch.engine.model import LeanModel
-from dispatch.engine.sampling import SamplingParams
+from dispatch.engine.sampling import SamplingParams, load_sampling
 from dispatch.serve.acceptance import greedy_accept, speculative_sample
 
 
@@ -144,12 +144,7 @@ class SpeculativeEngine(Engine):
         n, B = len(prompts), self.check_request(prompts, max_new_tokens)
         if self.adaptive is not None:
             self.adaptive.reset()
-        self.temperature.fill_(params.temperature or 1.0)
-        self.top_p.fill_(params.top_p)
-        if self.generator is not None:
-            self.generator.manual_seed(params.seed)
-        else:
-            torch.cuda.manual_seed(params.seed)
+        load_sampling(params, self.temperature, self.top_p, self.generator)
         self._prefill(prompts, B, params)
         self.hist_BS[:B].zero_()
         for b, p in enumerate(prompts):
