@@ -9,7 +9,9 @@ loads (``w_desc``, ``h_desc``) instead of pointer loads; otherwise those argumen
 Each operand comes as one tuple, its pointer then its strides, named as Triton's tutorials name them
 (``stride_xt``: x's stride along t): x ``(x_ptr, stride_xt, stride_xh)``, the weights ``(w_ptr,
 stride_we, stride_wn, stride_wk)``, h and out likewise, the weight scales ``(s_ptr, stride_se,
-stride_sr, stride_sc)`` and the activation scales ``(as_ptr, stride_as)``.
+stride_sr, stride_sc)`` and the activation scales ``(as_ptr, stride_as)``. The kernels read a stride
+in place (``x[1]`` is stride_xt), never unpacked into a variable: a launch makes a unit stride the
+constant 1 (:data:`STRIDES`), and an assignment would turn that constant into a value.
 """
 import triton
 import triton.language as tl
@@ -17,6 +19,11 @@ import triton.language as tl
 from dispatch.kernels.helpers import gated
 from dispatch.kernels.pdl import pdl_enter, pdl_exit
 from dispatch.kernels.quant_kernels import _act_scales, _block_scales, _qacc, _qdot, _qout
+
+# each operand tuple's elements, by name (x, w, h, out: the activations, weights, hidden rows, output rows)
+STRIDES = dict(x=("x_ptr", "stride_xt", "stride_xh"), w=("w_ptr", "stride_we", "stride_wn", "stride_wk"),
+               h=("h_ptr", "stride_hp", "stride_hi"), out=("out_ptr", "stride_on", "stride_oh"),
+               s=("s_ptr", "stride_se", "stride_sr", "stride_sc"), a_s=("as_ptr", "stride_as"))
 
 
 @triton.jit
@@ -34,11 +41,7 @@ def _up_tile(pid_b, pid_n, e,
 
     ``QUANT``: w holds 8-bit codes, s their fp32 scales; ``W8A8``: x holds fp8 codes too, a_s their
     scales (:mod:`dispatch.kernels.quant_kernels`)."""
-    x_ptr, stride_xt, stride_xh = x
-    w_ptr, stride_we, stride_wn, stride_wk = w
-    h_ptr, stride_hp, stride_hi = h
-    s_ptr, stride_se, stride_sr, stride_sc = s
-    as_ptr, stride_as = a_s
+    x_ptr, w_ptr, h_ptr, s_ptr, as_ptr = x[0], w[0], h[0], s[0], a_s[0]  # strides: read in place (STRIDES)
     offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.load(rows_ptr + offs_m)
     valid_m = rows < N  # padding slots hold N
@@ -46,11 +49,11 @@ def _up_tile(pid_b, pid_n, e,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + t[:, None] * stride_xt + offs_k[None, :] * stride_xh                   # [BM, BK]
-    g_ptrs = w_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BK, BN]
-    u_ptrs = g_ptrs + I * stride_wn
+    a_ptrs = x_ptr + t[:, None] * x[1] + offs_k[None, :] * x[2]                   # [BM, BK]
+    g_ptrs = w_ptr + e * w[1] + offs_n[None, :] * w[2] + offs_k[:, None] * w[3]  # [BK, BN]
+    u_ptrs = g_ptrs + I * w[2]
     n0 = (e * 2 * I + pid_n * BLOCK_N).to(tl.int32)  # TMA: the gate rows' first row in w as [E·2I, H]
-    s_e = s_ptr + e * stride_se  # this expert's scales (QUANT only)
+    s_e = s_ptr + e * s[1]  # this expert's scales (QUANT only)
     acc_g = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     acc_u = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
@@ -68,23 +71,23 @@ def _up_tile(pid_b, pid_n, e,
         else:
             bg = tl.load(g_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
             bu = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        sg = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, stride_sr, stride_sc, SBR, SBC, QUANT)
-        su = _block_scales(s_e, I + offs_n, k0 * BLOCK_K, mask_n, stride_sr, stride_sc, SBR, SBC, QUANT)
-        sa = _act_scales(as_ptr, t, k0 * BLOCK_K, valid_m, stride_as, W8A8)
+        sg = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, s[2], s[3], SBR, SBC, QUANT)
+        su = _block_scales(s_e, I + offs_n, k0 * BLOCK_K, mask_n, s[2], s[3], SBR, SBC, QUANT)
+        sa = _act_scales(as_ptr, t, k0 * BLOCK_K, valid_m, a_s[1], W8A8)
         acc_g = _qdot(a, sa, bg, sg, acc_g, QUANT, W8A8, LATE_SCALE, WFIRST)
         acc_u = _qdot(a, sa, bu, su, acc_u, QUANT, W8A8, LATE_SCALE, WFIRST)
-        a_ptrs += BLOCK_K * stride_xh
-        g_ptrs += BLOCK_K * stride_wk
-        u_ptrs += BLOCK_K * stride_wk
+        a_ptrs += BLOCK_K * x[2]
+        g_ptrs += BLOCK_K * w[3]
+        u_ptrs += BLOCK_K * w[3]
     acc_g = _qout(acc_g, WFIRST)
     acc_u = _qout(acc_u, WFIRST)
     if LATE_SCALE:  # one scale per row (w8a8: and per token): applied once, before the SwiGLU
-        sa = _act_scales(as_ptr, t, 0, valid_m, stride_as, W8A8)[:, None]
-        acc_g *= sa * _block_scales(s_e, offs_n, 0, mask_n, stride_sr, stride_sc, SBR, SBC, QUANT)[None, :]
-        acc_u *= sa * _block_scales(s_e, I + offs_n, 0, mask_n, stride_sr, stride_sc, SBR, SBC, QUANT)[None, :]
-    h = gated(acc_g, acc_u, ACT)  # the gated activation in fp32, in registers
-    h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * stride_hp + offs_n[None, :] * stride_hi
-    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask_n[None, :])
+        sa = _act_scales(as_ptr, t, 0, valid_m, a_s[1], W8A8)[:, None]
+        acc_g *= sa * _block_scales(s_e, offs_n, 0, mask_n, s[2], s[3], SBR, SBC, QUANT)[None, :]
+        acc_u *= sa * _block_scales(s_e, I + offs_n, 0, mask_n, s[2], s[3], SBR, SBC, QUANT)[None, :]
+    act = gated(acc_g, acc_u, ACT)  # the gated activation in fp32, in registers
+    h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * h[1] + offs_n[None, :] * h[2]
+    tl.store(h_ptrs, act.to(h_ptr.dtype.element_ty), mask=mask_n[None, :])
 
 
 @triton.jit
@@ -133,21 +136,17 @@ def _down_tile(pid_b, pid_n, e,
                TMA: tl.constexpr):
     """One output tile of the down kernel: block pid_b (expert e) × columns pid_n of out (``QUANT``,
     ``W8A8`` as in the up kernel; a_s: the scales of h's slots)."""
-    h_ptr, stride_hp, stride_hi = h
-    w_ptr, stride_we, stride_wn, stride_wk = w
-    out_ptr, stride_on, stride_oh = out
-    s_ptr, stride_se, stride_sr, stride_sc = s
-    as_ptr, stride_as = a_s
+    h_ptr, w_ptr, out_ptr, s_ptr, as_ptr = h[0], w[0], out[0], s[0], a_s[0]  # strides: read in place (STRIDES)
     offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.load(rows_ptr + offs_m)
     valid_m = rows < N
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < H
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * stride_hp + offs_k[None, :] * stride_hi    # [BM, BK], slot order
-    b_ptrs = w_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk      # [BK, BN]
+    a_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * h[1] + offs_k[None, :] * h[2]    # [BM, BK], slot order
+    b_ptrs = w_ptr + e * w[1] + offs_n[None, :] * w[2] + offs_k[:, None] * w[3]      # [BK, BN]
     m0, n0 = pid_b * BLOCK_M, (e * H + pid_n * BLOCK_N).to(tl.int32)  # TMA: h as [P, I], w as [E·H, I]
-    s_e = s_ptr + e * stride_se
+    s_e = s_ptr + e * s[1]
     acc = _qacc(BLOCK_M, BLOCK_N, WFIRST)
     for k0 in range(0, tl.cdiv(I, BLOCK_K)):
         if TMA:  # both tiles by the copy engine (zeros past I)
@@ -160,18 +159,18 @@ def _down_tile(pid_b, pid_n, e,
             mask_k = offs_k < I - k0 * BLOCK_K
             a = tl.load(a_ptrs, mask=mask_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        s_n = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, stride_sr, stride_sc, SBR, SBC, QUANT)
-        sa = _act_scales(as_ptr, offs_m, k0 * BLOCK_K, valid_m, stride_as, W8A8)
+        s_n = _block_scales(s_e, offs_n, k0 * BLOCK_K, mask_n, s[2], s[3], SBR, SBC, QUANT)
+        sa = _act_scales(as_ptr, offs_m, k0 * BLOCK_K, valid_m, a_s[1], W8A8)
         acc = _qdot(a, sa, b, s_n, acc, QUANT, W8A8, LATE_SCALE, WFIRST)
-        a_ptrs += BLOCK_K * stride_hi
-        b_ptrs += BLOCK_K * stride_wk
+        a_ptrs += BLOCK_K * h[2]
+        b_ptrs += BLOCK_K * w[3]
     acc = _qout(acc, WFIRST)
     if LATE_SCALE:
-        sa = _act_scales(as_ptr, offs_m, 0, valid_m, stride_as, W8A8)[:, None]
-        acc *= sa * _block_scales(s_e, offs_n, 0, mask_n, stride_sr, stride_sc, SBR, SBC, QUANT)[None, :]
+        sa = _act_scales(as_ptr, offs_m, 0, valid_m, a_s[1], W8A8)[:, None]
+        acc *= sa * _block_scales(s_e, offs_n, 0, mask_n, s[2], s[3], SBR, SBC, QUANT)[None, :]
     wt = tl.load(wts_ptr + rows, mask=valid_m, other=0.0)  # routing weight of each row, fp32
     acc = acc * wt[:, None]
-    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_on + offs_n[None, :] * stride_oh  # row n: written once
+    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * out[1] + offs_n[None, :] * out[2]  # row n: written once
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & mask_n[None, :])
 
 
