@@ -104,7 +104,8 @@ def _summary(c) -> dict:
 
 def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale: bool = False,
             weight_first: bool = False, block_m: int = 128, block_n: int = 128, block_k: int = 64,
-            group_m: int = 8, tma: bool = False, target: int = 90, num_warps: int = 8, num_stages: int = 3) -> dict:
+            group_m: int = 8, tma: bool = False, pdl: int = 0, target: int = 90, num_warps: int = 8,
+            num_stages: int = 3) -> dict:
     """The grouped GEMM's up (``kind="up"``) or down kernel as the launcher compiles it, with bf16
     activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales); ``tma``: the
     weight tiles (and down's h tiles) by TMA descriptors, as on Hopper (:mod:`dispatch.kernels.tma`).
@@ -119,7 +120,7 @@ def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale:
     fn = gk._up_swiglu_kernel if kind == "up" else gk._down_kernel
     _check_compiled(fn)
     quant = weights != "bf16"
-    const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=False,
+    const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=pdl,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
                  WFIRST=quant and not w8a8 and not late_scale and weight_first, TMA=tma, ACT=0)  # ACT 0: SwiGLU
     wt = {"bf16": "bf16", "int8": "i8", "fp8": "fp8e4nv"}[weights]
@@ -300,7 +301,10 @@ def decode_step_pdl(target: int = 90) -> list[dict]:
     for name, fn, const in _decode_step_kernels():
         _check_compiled(fn)
         const = dict(const, PDL=2 if name in LATE else 1)
-        c = compile_offline(fn, _signature(fn, const), const, target=target, num_warps=4)
+        if name.startswith("grouped"):  # operand tuples: grouped() types them
+            c = grouped(name.split()[1], block_m=64, pdl=const["PDL"], target=target, num_warps=4)
+        else:
+            c = compile_offline(fn, _signature(fn, const), const, target=target, num_warps=4)
         rows.append({"kernel": name, "wait": c["pdl_waits"], "launch_dependents": c["pdl_launches"]})
     return rows
 

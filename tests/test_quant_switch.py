@@ -16,13 +16,16 @@ from dispatch.kernels import gemv_kernels, grouped_kernels
 CONST = dict(BLOCK_M=16, BLOCK_I=64, BLOCK_H=64, BLOCK_E=16, CHUNK_N=16, NUM_STAGES=2, BLOCK_HO=64,
              SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, W8A8=False, WFIRST=False,
              TOP_K=2, BLOCK_N=64, BLOCK_K=64, EVEN_K=True, GROUP_M=1, NS=0, TMA=False, TRACE=False)
-SCALES = ("gs_ptr", "ds_ptr", "s_ptr", "s_se", "s_sr", "s_sc", "as_ptr", "s_as")
+SCALES = ("gs_ptr", "ds_ptr", "s_ptr", "s_se", "s_sr", "s_sc", "as_ptr", "s_as", "stride_se", "stride_sr",
+          "stride_sc", "stride_as")
 out = {}
 cases = [(m, f, False) for m in (gemv_kernels, grouped_kernels) for f in (m._up_swiglu_kernel, m._down_kernel)]
 for mod, fn, quant in cases + [(gemv_kernels, gemv_kernels._up_swiglu_kernel, True)]:  # + a positive control
     names = fn.arg_names
-    sig = {n: "constexpr" if n in CONST else "*i32" if n in ("ids_ptr", "rows_ptr", "bexp_ptr")
-           else "*bf16" if n.endswith("_ptr") else "i32" for n in names}
+    tuples = grouped_kernels.STRIDES if mod is grouped_kernels else {}  # operand tuples: (pointer, strides)
+    typed = lambda n: ("constexpr" if n in CONST else "*i32" if n in ("ids_ptr", "rows_ptr", "bexp_ptr")
+                       else "*bf16" if n.endswith("_ptr") else "i32")
+    sig = {n: tuple(typed(e) for e in tuples[n]) if n in tuples else typed(n) for n in names}
     consts = {(names.index(n),): CONST[n] for n in names if n in CONST}
     if quant:
         sig.update(gu_ptr="*i8", gs_ptr="*fp32")
@@ -30,7 +33,9 @@ for mod, fn, quant in cases + [(gemv_kernels, gemv_kernels._up_swiglu_kernel, Tr
     ir = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ttir"]
     lines = ir.splitlines()
     body = "\n".join(lines[next(i for i, l in enumerate(lines) if "tt.func" in l) + 1:])
+    flat = [(f"{n}.{j}", e) for n in names if n in tuples for j, e in enumerate(tuples[n])]
     used = [n for n in names if n in SCALES and re.search(rf"%(arg{names.index(n)}|{n})\b", body)]
+    used += [e for ssa, e in flat if e in SCALES and re.search(rf"%{re.escape(ssa)}\b", body)]
     name = f"{mod.__name__}.{fn.__name__}" + (" QUANT" if quant else "")
     out[name] = dict(dots=body.count("tt.dot "), fp_to_fp=body.count("tt.fp_to_fp"), scale_args_used=used)
 print(json.dumps(out))
