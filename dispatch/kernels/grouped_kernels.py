@@ -30,7 +30,7 @@ STRIDES = dict(x=("x_ptr", "stride_xt", "stride_xh"), w=("w_ptr", "stride_we", "
 def _up_tile(pid_b, pid_n, e,
              x, w, h, s, a_s,  # operands: (pointer, strides)
              rows_ptr, N, H, I,  # the sorted slots' routed rows (padding: N); sizes
-             w_desc,  # the weights' TMA descriptor (read if TMA)
+             w_desc,  # the weights' TMA descriptor (TMA only)
              TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              EVEN_K: tl.constexpr,  # tiles
              SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
@@ -110,7 +110,7 @@ def _swizzle(GROUP_M: tl.constexpr):
 def _up_swiglu_kernel(x, w, h, s, a_s,  # operands: (pointer, strides)
                       rows_ptr, bexp_ptr,  # the sort: each slot's routed row, each block's expert
                       N, H, I, N_BUCKET,  # sizes
-                      w_desc,  # the weights' TMA descriptor (read if TMA)
+                      w_desc,  # the weights' TMA descriptor (TMA only)
                       TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,  # tiles and their launch order
                       SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
@@ -129,7 +129,7 @@ def _up_swiglu_kernel(x, w, h, s, a_s,  # operands: (pointer, strides)
 def _down_tile(pid_b, pid_n, e,
                h, w, out, s, a_s,  # operands: (pointer, strides)
                rows_ptr, wts_ptr, N, H, I,  # the sorted slots' routed rows, the routing weights; sizes
-               h_desc, w_desc,  # h's and the weights' TMA descriptors (read if TMA)
+               h_desc, w_desc,  # h's and the weights' TMA descriptors (TMA only)
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,  # tiles
                SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
                LATE_SCALE: tl.constexpr, WFIRST: tl.constexpr,  # quantization (chapter 7)
@@ -179,7 +179,7 @@ def _down_tile(pid_b, pid_n, e,
 def _down_kernel(h, w, out, s, a_s,  # operands: (pointer, strides)
                  rows_ptr, bexp_ptr, wts_ptr,  # the sort: each slot's routed row, each block's expert; weights
                  N, H, I, N_BUCKET,  # sizes
-                 h_desc, w_desc,  # h's and the weights' TMA descriptors (read if TMA)
+                 h_desc, w_desc,  # h's and the weights' TMA descriptors (TMA only)
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  GROUP_M: tl.constexpr,  # tiles and their launch order
                  SBR: tl.constexpr, SBC: tl.constexpr, QUANT: tl.constexpr, W8A8: tl.constexpr,
