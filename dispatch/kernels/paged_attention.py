@@ -30,6 +30,7 @@ from dispatch import runtime
 from dispatch.checks import check_launch, check_tensor
 from dispatch.kernels import pdl
 from dispatch.kernels.attention import LOG2E, _combine_kernel, _plan, num_splits
+from dispatch.kernels.helpers import softmax_step
 from dispatch.kernels.pdl import pdl_enter
 
 
@@ -75,12 +76,7 @@ def _paged_decode_kernel(q_rows, k_cache, v_cache, tab, pos,  # (pointer, stride
         k, v = _key_tile(k_cache, v_cache, tab[0] + b * tab[1], s, sm, kv, d, NB, BS)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC)
         qk = tl.where(sm[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: every tile holds a key
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PREC)  # finite: every tile holds a key
     if not PARTIALS:
         o = acc / l_i[:, None]
         tl.store(o_ptr + (b * NH + h[:, None]) * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=gm[:, None])
@@ -119,12 +115,7 @@ def _paged_prefill_kernel(q_rows, k_cache, v_cache, tab, o_rows,  # (pointer, st
         k, v = _key_tile(k_cache, v_cache, tab[0] + c * tab[1], s, sm, kv, d, NB, BS)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         qk = tl.where(sm[None, :] & (s[None, :] <= pos[:, None]), qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: the first tile holds key 0 <= every position
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PREC)  # finite: the first tile holds key 0 <= every position
     o = acc / l_i[:, None]
     tl.store(o_rows[0] + (q0 + i[:, None]) * o_rows[1] + h * o_rows[2] + d[None, :],
              o.to(o_rows[0].dtype.element_ty), mask=im[:, None])
