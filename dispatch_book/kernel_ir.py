@@ -103,7 +103,11 @@ def _compile(fn, signature: dict, constexprs: dict, target: int, num_warps: int,
 def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, num_warps: int = 8,
                     num_stages: int = 3) -> dict:
     """Compile ``fn`` for sm_<target> and summarise its TTGIR (counts, shared bytes, spills)."""
-    c = _compile(fn, signature, constexprs, target, num_warps, num_stages)
+    return _summary(_compile(fn, signature, constexprs, target, num_warps, num_stages))
+
+
+def _summary(c) -> dict:
+    """What :func:`compile_offline` reports of a CompiledKernel."""
     ttgir, ptx = c.asm["ttgir"], c.asm["ptx"]
     return {"async_copies": ttgir.count("async_copy_global_to_local") + ttgir.count("async_tma_copy"),
             "tma_copies": ttgir.count("async_tma_copy"),
@@ -121,29 +125,48 @@ def compile_offline(fn, signature: dict, constexprs: dict, *, target: int = 90, 
 
 def grouped(kind: str, weights: str = "bf16", *, w8a8: bool = False, late_scale: bool = False,
             weight_first: bool = False, block_m: int = 128, block_n: int = 128, block_k: int = 64,
-            group_m: int = 8, tma: bool = False, **opts) -> dict:
+            group_m: int = 8, tma: bool = False, pdl: int = 0, target: int = 90, num_warps: int = 8,
+            num_stages: int = 3) -> dict:
     """The grouped GEMM's up (``kind="up"``) or down kernel as the launcher compiles it, with bf16
     activations and ``weights`` "bf16", "int8" or "fp8" (8-bit codes with fp32 scales); ``tma``: the
-    weight tiles (and down's h tiles) by TMA descriptors, as on Hopper (:mod:`dispatch.kernels.tma`)."""
+    weight tiles (and down's h tiles) by TMA descriptors, as on Hopper (:mod:`dispatch.kernels.tma`).
+    Each operand is a tuple (pointer, strides): typed element by element, its last stride the constant 1."""
     os.environ.setdefault("TRITON_INTERPRET", "0")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     from dispatch.kernels import grouped_kernels as gk
 
     fn = gk._up_swiglu_kernel if kind == "up" else gk._down_kernel
     _check_compiled(fn)
     quant = weights != "bf16"
-    const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=False,
+    const = dict(TOP_K=8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, GROUP_M=group_m, PDL=pdl,
                  SBR=1, SBC=1 << 20 if late_scale else 128, QUANT=quant, W8A8=w8a8, LATE_SCALE=late_scale,
                  WFIRST=quant and not w8a8 and not late_scale and weight_first, TMA=tma, ACT=0)  # ACT 0: SwiGLU
-    const.update((n, 1) for n in fn.arg_names if n in UNIT_STRIDES)
     wt = {"bf16": "bf16", "int8": "i8", "fp8": "fp8e4nv"}[weights]
-    ptrs = {"w_ptr": f"*{wt}", "s_ptr": "*fp32", "as_ptr": "*fp32"}
+    a = "*fp8e4nv" if w8a8 else "*bf16"  # x (up) or h (down): fp8 codes under w8a8
+    # each operand: (pointer, strides); 1 is a unit stride, a constant as a launch specialises it
+    operands = dict(w=(f"*{wt}", "i32", "i32", 1), s=("*fp32", "i32", "i32", 1), a_s=("*fp32", "i32"),
+                    **(dict(x=(a, "i32", 1), h=("*bf16", "i32", 1)) if kind == "up"
+                       else dict(h=(a, "i32", 1), out=("*bf16", "i32", 1))))
+    ptrs = {}
     if tma:  # descriptors of the [BLOCK_N, BLOCK_K] weight boxes and the [BLOCK_M, BLOCK_K] h boxes
         ht = "fp8e4nv" if w8a8 else "bf16"
         ptrs.update(w_desc=f"tensordesc<{wt}[{block_n},{block_k}]>", h_desc=f"tensordesc<{ht}[{block_m},{block_k}]>")
-    if w8a8:  # fp8 activation codes
-        ptrs["x_ptr" if kind == "up" else "h_ptr"] = "*fp8e4nv"
-    sig = _signature(fn, const, ptrs)
-    return compile_offline(fn, sig, {k: v for k, v in const.items() if k in sig}, **opts)
+    sig, consts, attrs = _signature(fn, const, ptrs), {}, {}
+    for i, n in enumerate(fn.arg_names):
+        for j, t in enumerate(operands.get(n, (sig[n],))):
+            path = (i, j) if n in operands else (i,)
+            if t == 1 or t == "constexpr":
+                consts[path] = 1 if t == 1 else const[n]
+            elif t != "fp32":
+                attrs[path] = [["tt.divisibility", 16]]
+        if n in operands:
+            sig[n] = tuple("constexpr" if t == 1 else t for t in operands[n])
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return _summary(triton.compile(src, target=GPUTarget("cuda", target, 32 * (4 if target >= 90 else 1)),
+                                   options={"num_warps": num_warps, "num_stages": num_stages}))
 
 
 # the decode up kernel's weight formats: (name, pointer type, bytes a weight)
@@ -299,7 +322,10 @@ def decode_step_pdl(target: int = 90) -> list[dict]:
     for name, fn, const in _decode_step_kernels():
         _check_compiled(fn)
         const = dict(const, PDL=2 if name in LATE else 1)
-        c = compile_offline(fn, _signature(fn, const), const, target=target, num_warps=4)
+        if name.startswith("grouped"):  # operand tuples: grouped() types them
+            c = grouped(name.split()[1], block_m=64, pdl=const["PDL"], target=target, num_warps=4)
+        else:
+            c = compile_offline(fn, _signature(fn, const), const, target=target, num_warps=4)
         rows.append({"kernel": name, "wait": c["pdl_waits"], "launch_dependents": c["pdl_launches"]})
     return rows
 

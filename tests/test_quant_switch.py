@@ -18,7 +18,7 @@ CONST = dict(BLOCK_M=16, BLOCK_I=64, BLOCK_H=64, BLOCK_E=16, CHUNK_N=16, NUM_STA
              SBR=1, SBC=1, QUANT=False, LATE_SCALE=False, W8A8=False, WFIRST=False,
              TOP_K=2, BLOCK_N=64, BLOCK_K=64, EVEN_K=True, GROUP_M=1, NS=0, TMA=False, TRACE=False)
 SCALES = ("gs_ptr", "ds_ptr", "s_ptr", "s_se", "s_sr", "s_sc", "as_ptr", "s_as", "stride_gse", "stride_gsr",
-          "stride_gsc", "stride_dse", "stride_dsr", "stride_dsc")
+          "stride_gsc", "stride_dse", "stride_dsr", "stride_dsc", "stride_se", "stride_sr", "stride_sc", "stride_as")
 typed = lambda n: "constexpr" if n in CONST else "*i32" if n in ("ids_ptr", "rows_ptr", "bexp_ptr") \
     else "*bf16" if n.endswith("_ptr") else "i32"
 out = {}

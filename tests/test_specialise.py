@@ -222,8 +222,8 @@ def test_every_kernel_specialises_to_valid_python(value):
 def test_the_grouped_up_tile_keeps_its_dot_and_store():
     text = "\n".join(sp.specialise(grouped_kernels._up_tile, OFF).lines)
     assert "acc_g = tl.dot(a, bg, acc_g)" in text and "acc_u = tl.dot(a, bu, acc_u)" in text
-    assert "tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty)" in text
-    assert "h = gated(acc_g, acc_u, ACT)" in text  # the gated activation (SwiGLU's: kernels/helpers.py)
+    assert "tl.store(h_ptrs, act.to(h_ptr.dtype.element_ty)" in text
+    assert "act = gated(acc_g, acc_u, ACT)" in text  # the gated activation (SwiGLU's: kernels/helpers.py)
     for gone in ["_qdot", "_qacc", "_qout", "_block_scales", "_act_scales", "w_desc.load", "if TMA", "elif",
                  "if LATE_SCALE", "s_e = ", "n0 = "]:
         assert gone not in text, gone
@@ -242,10 +242,10 @@ def test_the_kernels_lose_pdl_and_trace_when_they_are_off():
 def test_quantized_switches_on_keep_the_scales():
     on = dict(OFF, QUANT=True)
     text = "\n".join(sp.specialise(grouped_kernels._up_tile, on).lines)
-    assert "s_e = s_ptr + e * s_se" in text and "if LATE_SCALE" not in text
+    assert "s_e = s_ptr + e * s[1]" in text and "if LATE_SCALE" not in text
     # _qdot's quantized branch calls a helper the grouped module does not import: it stays a call
     assert "acc_g = _qdot(a, sa, bg, sg, acc_g, QUANT, W8A8, LATE_SCALE, WFIRST)" in text
-    assert "sg = tl.load(s_e + offs_n // SBR * s_sr + k0 * BLOCK_K // SBC * s_sc, mask=mask_n, other=1.0)" in text
+    assert "sg = tl.load(s_e + offs_n // SBR * s[2] + k0 * BLOCK_K // SBC * s[3], mask=mask_n, other=1.0)" in text
 
 
 def _compiled(fn, switches, tmp_path, edit=lambda src: src):

@@ -47,6 +47,7 @@ import triton.language as tl
 from dispatch import runtime
 from dispatch.checks import check_launch, check_tensor
 from dispatch.kernels import pdl
+from dispatch.kernels.helpers import softmax_step
 from dispatch.kernels.pdl import pdl_enter
 
 MIN_CHUNK = 128  # fewest keys a split program takes: below that a second launch costs more than it saves
@@ -82,12 +83,7 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_p
         v = tl.load(v_row + s[:, None] * s_vs + d[None, :], mask=sm[:, None], other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC)  # [BLOCK_G, BLOCK_S]
         qk = tl.where(sm[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: every step holds a key
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PREC)  # finite: every step holds a key
     if not PARTIALS:
         o = acc / l_i[:, None]
         tl.store(o_ptr + (b * NH + h[:, None]) * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=gm[:, None])

@@ -38,6 +38,11 @@ _up_pinned = triton.heuristics(_even_k("H"))(_up_swiglu_kernel)
 _down_pinned = triton.heuristics(_even_k("I"))(_down_kernel)
 
 
+def _operand(t: torch.Tensor) -> tuple:
+    """A tensor as the kernels take an operand: (pointer, its strides)."""
+    return (t, *t.stride())
+
+
 def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, shape, views, **const):
     """Launch with ``config``, else the tile resolver's for ``shape`` = (T, K, E, H, I, dtype, device).
 
@@ -48,7 +53,7 @@ def _launch(kernel, kind, grid_fn, args, block_m, config: GemmConfig | None, sha
     meta = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
     descs = tma.descriptors(views.values(), block_m, config.block_n, config.block_k, shape[6])
     use = descs is not None
-    descs = dict(zip(views, descs if use else [args[1]] * len(views), strict=True))  # else: never read
+    descs = dict(zip(views, descs if use else [args[1][0]] * len(views), strict=True))  # else: never read
     kernel[grid_fn(meta)](*args, BLOCK_M=block_m, **meta, **const, **descs, GROUP_M=config.group_m,
                           TMA=use, num_warps=config.num_warps, num_stages=config.num_stages,
                           **pdl.launch_kw(shape[6], late=True))  # several waves: release at the end
@@ -110,8 +115,8 @@ def grouped_up_swiglu(x_TH: torch.Tensor, routes, gate_up_E2IH, *, config: GemmC
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
     w, s, s_strides, quant = weight_operand(gate_up_E2IH, w8a8)
     a, a_s, s_as = _activations(x_TH, w8a8, quant)
-    args = (a, w, h_PI, routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N),
-            *a.stride(), *w.stride(), *h_PI.stride(), s, *s_strides, a_s, s_as)
+    args = (_operand(a), _operand(w), _operand(h_PI), (s, *s_strides), (a_s, s_as),
+            routes.sorted_rows_P, routes.block_expert_B, N, H, I, tiles.next_pow2(N))
     _launch(_up_pinned, "up", lambda m: (B, triton.cdiv(I, m["BLOCK_N"])), args, bm, config,
             (T, top_k, E, H, I, x_TH.dtype, x_TH.device), {"w_desc": (tma.rows_view(w), "n")}, TOP_K=top_k,
             **quant, W8A8=w8a8, WFIRST=weight_first(quant, w8a8), ACT=act)
@@ -148,8 +153,8 @@ def grouped_down(h_PI: torch.Tensor, routes, down_EHI, weights_TK: torch.Tensor,
     out_NH = (torch.zeros if zero_skipped else torch.empty)(N, H, device=h_PI.device, dtype=h_PI.dtype)
     w, s, s_strides, quant = weight_operand(down_EHI, w8a8)
     a, a_s, s_as = _activations(h_PI, w8a8, quant, used_blocks_1=routes.num_blocks_1, block_rows=bm)
-    args = (a, w, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N),
-            *a.stride(), *w.stride(), *out_NH.stride(), s, *s_strides, a_s, s_as)
+    args = (_operand(a), _operand(w), _operand(out_NH), (s, *s_strides), (a_s, s_as),
+            routes.sorted_rows_P, routes.block_expert_B, wts_N, N, H, I, tiles.next_pow2(N))
     _launch(_down_pinned, "down", lambda m: (B, triton.cdiv(H, m["BLOCK_N"])), args, bm, config,
             (routes.num_tokens, routes.top_k, E, H, I, h_PI.dtype, h_PI.device),
             {"h_desc": (a, "m"), "w_desc": (tma.rows_view(w), "n")}, **quant, W8A8=w8a8,

@@ -9,6 +9,8 @@
                            adds nothing: selected away, never multiplied), or a shared expert's row
     k_order_sum(...)       y[t] = Σ_k rows[t·(K+NS) + k] in k order, fp32 from zero: the one k-order
                            combine of rows in memory (``combine``, the one-launch decode's last step)
+    softmax_step(...)      one key tile of attention's online softmax: the running max, sum and
+                           weighted sum of values updated (the decode and paged attention kernels)
 
 The kernels that weight partial sums on the fly (the split decode's reduction, the fused batch-1
 down kernel) take each row's validity from :func:`routed_ok` and add in the same k order.
@@ -89,3 +91,16 @@ def k_order_sum(out_ptr, ids_ptr, offs_t, mask_t, offs_h, mask_h, K, E, s_on, s_
                           mask=mask_t[:, None] & mask_h[None, :], other=0.0, cache_modifier=CACHE)
             acc += tl.where(ok[:, None], row.to(tl.float32), 0.0)
     return acc
+
+
+@triton.jit
+def softmax_step(qk, v, m_i, l_i, acc, PREC: tl.constexpr):
+    """One key tile of the online softmax. ``qk`` [ROWS, KEYS]: scores times log2(e), masked keys
+    -inf, each row holding at least one key; ``v`` [KEYS, D] their values. Returns the running max
+    m_i, sum l_i of exp2(score - m_i) and acc, the sum of exp2(score - m_i) · v, updated (fp32)."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc

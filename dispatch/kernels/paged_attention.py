@@ -30,25 +30,28 @@ from dispatch import runtime
 from dispatch.checks import check_launch, check_tensor
 from dispatch.kernels import pdl
 from dispatch.kernels.attention import LOG2E, _combine_kernel, _plan, num_splits
+from dispatch.kernels.helpers import softmax_step
 from dispatch.kernels.pdl import pdl_enter
 
 
 @triton.jit
-def _key_tile(k_ptr, v_ptr, tab_ptr, s, sm, kv, d, NB, BS, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk):
-    """K and V rows [BLOCK, D] of positions ``s`` (masked by ``sm``), read through a table row."""
+def _key_tile(k_cache, v_cache, tab_ptr, s, sm, kv, d, NB, BS):
+    """K and V rows [BLOCK, D] of positions ``s`` (masked by ``sm``), read through a table row;
+    ``k_cache`` = (k_ptr, stride_kb, stride_ks, stride_kk), ``v_cache`` likewise (strides read in place)."""
     blk = tl.load(tab_ptr + s // BS, mask=sm, other=0).to(tl.int64)
     blk = tl.minimum(tl.maximum(blk, 0), NB - 1)  # never outside the pool
     off = (s % BS).to(tl.int64)
-    k = tl.load(k_ptr + blk[:, None] * s_kb + off[:, None] * s_ks + kv * s_kk + d[None, :], mask=sm[:, None],
-                other=0.0)
-    v = tl.load(v_ptr + blk[:, None] * s_vb + off[:, None] * s_vs + kv * s_vk + d[None, :], mask=sm[:, None],
-                other=0.0)
+    k = tl.load(k_cache[0] + blk[:, None] * k_cache[1] + off[:, None] * k_cache[2] + kv * k_cache[3] + d[None, :],
+                mask=sm[:, None], other=0.0)
+    v = tl.load(v_cache[0] + blk[:, None] * v_cache[1] + off[:, None] * v_cache[2] + kv * v_cache[3] + d[None, :],
+                mask=sm[:, None], other=0.0)
     return k, v
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, NB, BS, S, NH, G,
-                         CHUNK, SPLITS, qk_scale, s_qb, s_qh, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk, s_tb, s_pos,
+def _paged_decode_kernel(q_rows, k_cache, v_cache, tab, pos,  # (pointer, strides): read in place, q_rows[1]
+                         o_ptr, m_ptr, l_ptr, acc_ptr,  # the output, or the partials when split
+                         NB, BS, S, NH, G, CHUNK, SPLITS, qk_scale,  # sizes, the split plan, the score scale
                          D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
                          PARTIALS: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -59,8 +62,9 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, pos_ptr, o_ptr, m_ptr, l_
     d = tl.arange(0, D)
     h = kv * G + g
     gm = g < G
-    q = tl.load(q_ptr + b * s_qb + h[:, None] * s_qh + d[None, :], mask=gm[:, None], other=0.0)  # [BLOCK_G, D]
-    last = tl.minimum(tl.maximum(tl.load(pos_ptr + b * s_pos).to(tl.int64), -1), S - 1)  # S = M·BS
+    q = tl.load(q_rows[0] + b * q_rows[1] + h[:, None] * q_rows[2] + d[None, :], mask=gm[:, None],
+                other=0.0)  # [BLOCK_G, D]
+    last = tl.minimum(tl.maximum(tl.load(pos[0] + b * pos[1]).to(tl.int64), -1), S - 1)  # S = M·BS
     start = sp * CHUNK
     end = tl.minimum(start + CHUNK, last + 1).to(tl.int32)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -69,15 +73,10 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, pos_ptr, o_ptr, m_ptr, l_
     for s0 in range(start, end, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         sm = s < end
-        k, v = _key_tile(k_ptr, v_ptr, tab_ptr + b * s_tb, s, sm, kv, d, NB, BS, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk)
+        k, v = _key_tile(k_cache, v_cache, tab[0] + b * tab[1], s, sm, kv, d, NB, BS)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC)
         qk = tl.where(sm[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: every tile holds a key
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PREC)  # finite: every tile holds a key
     if not PARTIALS:
         o = acc / l_i[:, None]
         tl.store(o_ptr + (b * NH + h[:, None]) * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=gm[:, None])
@@ -89,8 +88,9 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, pos_ptr, o_ptr, m_ptr, l_
 
 
 @triton.jit
-def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, qs_ptr, ql_ptr, cs_ptr, o_ptr, NB, BS, G, qk_scale,
-                          s_qt, s_qh, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk, s_tc, s_ot, s_oh, D: tl.constexpr,
+def _paged_prefill_kernel(q_rows, k_cache, v_cache, tab, o_rows,  # (pointer, strides): read in place, q_rows[1]
+                          qs_ptr, ql_ptr, cs_ptr,  # each chunk's first q row, its length, its first position
+                          NB, BS, G, qk_scale, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     c = tl.program_id(0).to(tl.int64)
@@ -103,7 +103,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, qs_ptr, ql_ptr, cs_ptr, 
     im = i < n
     pos = p0 + i  # [BLOCK_M] each row's position
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + (q0 + i[:, None]) * s_qt + h * s_qh + d[None, :], mask=im[:, None], other=0.0)
+    q = tl.load(q_rows[0] + (q0 + i[:, None]) * q_rows[1] + h * q_rows[2] + d[None, :], mask=im[:, None], other=0.0)
     kv = h // G
     end = tl.minimum(p0 + (mt + 1) * BLOCK_M, p0 + n).to(tl.int32)  # keys 0..end-1 cover the tile's rows
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -112,18 +112,13 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, qs_ptr, ql_ptr, cs_ptr, 
     for s0 in range(0, end, BLOCK_N):
         s = s0 + tl.arange(0, BLOCK_N)
         sm = s < end
-        k, v = _key_tile(k_ptr, v_ptr, tab_ptr + c * s_tc, s, sm, kv, d, NB, BS, s_kb, s_ks, s_kk, s_vb, s_vs, s_vk)
+        k, v = _key_tile(k_cache, v_cache, tab[0] + c * tab[1], s, sm, kv, d, NB, BS)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         qk = tl.where(sm[None, :] & (s[None, :] <= pos[:, None]), qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: the first tile holds key 0 <= every position
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PREC)  # finite: the first tile holds key 0 <= every position
     o = acc / l_i[:, None]
-    tl.store(o_ptr + (q0 + i[:, None]) * s_ot + h * s_oh + d[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=im[:, None])
+    tl.store(o_rows[0] + (q0 + i[:, None]) * o_rows[1] + h * o_rows[2] + d[None, :],
+             o.to(o_rows[0].dtype.element_ty), mask=im[:, None])
 
 
 def _check_cache(q, k_blocks, v_blocks, table, rows: int, what: str) -> tuple[int, int, int, int, int, int]:
@@ -192,9 +187,9 @@ def paged_decode_attention(q_BHD, k_blocks, v_blocks, table_BM, pos_B, scale: fl
     # K and V tiles in flight: 3 stages where they fit in shared memory, else 2 (as chapter 6's kernel)
     stages = 3 if 3 * 2 * BLOCK_S * D * q_BHD.element_size() <= runtime.max_shared_bytes(q_BHD.device) else 2
     _paged_decode_kernel[(B, KV, SPLITS)](
-        q_BHD, k_blocks, v_blocks, table_BM, pos_B, o_BHD, m, l, acc, NB, BS, S, NH, G, CHUNK, SPLITS, qk_scale,
-        q_BHD.stride(0), q_BHD.stride(1), *k_blocks.stride()[:3], *v_blocks.stride()[:3], table_BM.stride(0),
-        pos_B.stride(0), D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S,
+        (q_BHD, *q_BHD.stride()[:2]), (k_blocks, *k_blocks.stride()[:3]), (v_blocks, *v_blocks.stride()[:3]),
+        (table_BM, table_BM.stride(0)), (pos_B, pos_B.stride(0)), o_BHD, m, l, acc, NB, BS, S, NH, G, CHUNK, SPLITS,
+        qk_scale, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_S=BLOCK_S,
         PREC="ieee" if q_BHD.dtype == torch.float32 else "tf32", PARTIALS=SPLITS > 1, num_warps=4, num_stages=stages,
         **pdl.launch_kw(q_BHD.device))
     if SPLITS > 1:
@@ -261,9 +256,9 @@ def paged_prefill_attention(q_THD, k_blocks, v_blocks, table_CM, q_start_C, q_le
     BLOCK_N = 64 if D <= 128 else 32
     qk_scale = (D ** -0.5 if scale is None else float(scale)) * LOG2E
     _paged_prefill_kernel[(C, NH, triton.cdiv(longest, BLOCK_M))](
-        q_THD, k_blocks, v_blocks, table_CM, q_start_C, q_len_C, ctx_start_C, o_THD, NB, BS, NH // KV, qk_scale,
-        q_THD.stride(0), q_THD.stride(1), *k_blocks.stride()[:3], *v_blocks.stride()[:3], table_CM.stride(0),
-        o_THD.stride(0), o_THD.stride(1), D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        (q_THD, *q_THD.stride()[:2]), (k_blocks, *k_blocks.stride()[:3]), (v_blocks, *v_blocks.stride()[:3]),
+        (table_CM, table_CM.stride(0)), (o_THD, *o_THD.stride()[:2]), q_start_C, q_len_C, ctx_start_C, NB, BS,
+        NH // KV, qk_scale, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         PREC="ieee" if q_THD.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
         **pdl.launch_kw(q_THD.device))
     return o_THD

@@ -23,33 +23,35 @@ from dispatch.kernels.sort import sort_by_expert
 
 
 @triton.jit
-def _up_persistent_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, bexp_ptr, nblocks_ptr, N, H, I,
-                          s_xt, s_xh, s_we, s_wn, s_wk, s_hp, s_hi, NUM_PROGS,
+def _up_persistent_kernel(x, w, h,  # operands: (pointer, strides), as grouped_kernels takes them
+                          rows_ptr, bexp_ptr, nblocks_ptr,  # the sort: rows, experts, used blocks
+                          N, H, I, NUM_PROGS,  # sizes
                           TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ACT: tl.constexpr):
     nb = tl.load(nblocks_ptr)
     total = nb * tl.cdiv(I, BLOCK_N)
+    w_ptr = w[0]  # stands in for the scale pointers and the descriptor, never read
     for tile in range(tl.program_id(0), total, NUM_PROGS):
         pid_b = tile % nb
         e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-        gg._up_tile(pid_b, tile // nb, e, x_ptr, w_ptr, h_ptr, rows_ptr, N, H, I, s_xt, s_xh, s_we, s_wn, s_wk,
-                    s_hp, s_hi, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                    w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0, w_ptr, False, ACT)
+        gg._up_tile(pid_b, tile // nb, e, x, w, h, (w_ptr, 0, 0, 0), (w_ptr, 0), rows_ptr, N, H, I, w_ptr,
+                    TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, 1, 1, False, False, False, False, False, ACT)
 
 
 @triton.jit
-def _down_persistent_kernel(h_ptr, w_ptr, out_ptr, rows_ptr, bexp_ptr, wts_ptr, nblocks_ptr, N, H, I,
-                            s_hp, s_hi, s_we, s_wn, s_wk, s_on, s_oh, NUM_PROGS,
+def _down_persistent_kernel(h, w, out,  # operands: (pointer, strides), as grouped_kernels takes them
+                            rows_ptr, bexp_ptr, wts_ptr, nblocks_ptr,  # the sort, the routing weights
+                            N, H, I, NUM_PROGS,  # sizes
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             EVEN_K: tl.constexpr):
     nb = tl.load(nblocks_ptr)
     total = nb * tl.cdiv(H, BLOCK_N)
+    w_ptr = w[0]  # stands in for the scale pointers and the descriptors, never read
     for tile in range(tl.program_id(0), total, NUM_PROGS):
         pid_b = tile % nb
         e = tl.load(bexp_ptr + pid_b).to(tl.int64)
-        gg._down_tile(pid_b, tile // nb, e, h_ptr, w_ptr, out_ptr, rows_ptr, wts_ptr, N, H, I, s_hp, s_hi,
-                      s_we, s_wn, s_wk, s_on, s_oh, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                      w_ptr, 0, 0, 0, 1, 1, False, False, False, False, w_ptr, 0, h_ptr, w_ptr, False)
+        gg._down_tile(pid_b, tile // nb, e, h, w, out, (w_ptr, 0, 0, 0), (w_ptr, 0), rows_ptr, wts_ptr,
+                      N, H, I, h[0], w_ptr, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, 1, 1, False, False, False, False, False)
 
 
 def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, configs=None,
@@ -69,14 +71,14 @@ def moe_experts_persistent(x_TH, weights_TK, ids_TK, gate_up_E2IH, down_EHI, *, 
     N, P = T * K, routes.sorted_rows_P.numel()
     h_PI = torch.empty(P, I, device=x_TH.device, dtype=x_TH.dtype)
     _up_persistent_kernel[(G,)](
-        x_TH, gate_up_E2IH, h_PI, routes.sorted_rows_P, routes.block_expert_B, routes.num_blocks_1, N, H, I,
-        *x_TH.stride(), *gate_up_E2IH.stride(), *h_PI.stride(), G, TOP_K=K, BLOCK_M=cu.block_m,
+        gg._operand(x_TH), gg._operand(gate_up_E2IH), gg._operand(h_PI), routes.sorted_rows_P, routes.block_expert_B,
+        routes.num_blocks_1, N, H, I, G, TOP_K=K, BLOCK_M=cu.block_m,
         BLOCK_N=cu.block_n, BLOCK_K=cu.block_k, EVEN_K=H % cu.block_k == 0, ACT=activations.get(activation).code,
         num_warps=cu.num_warps, num_stages=cu.num_stages)
     wts_N = weights_TK.reshape(-1).float().contiguous()
     out_NH = torch.empty(N, H, device=x_TH.device, dtype=x_TH.dtype)
     _down_persistent_kernel[(G,)](
-        h_PI, down_EHI, out_NH, routes.sorted_rows_P, routes.block_expert_B, wts_N, routes.num_blocks_1, N, H, I,
-        *h_PI.stride(), *down_EHI.stride(), *out_NH.stride(), G, BLOCK_M=cd.block_m, BLOCK_N=cd.block_n,
+        gg._operand(h_PI), gg._operand(down_EHI), gg._operand(out_NH), routes.sorted_rows_P, routes.block_expert_B,
+        wts_N, routes.num_blocks_1, N, H, I, G, BLOCK_M=cd.block_m, BLOCK_N=cd.block_n,
         BLOCK_K=cd.block_k, EVEN_K=I % cd.block_k == 0, num_warps=cd.num_warps, num_stages=cd.num_stages)
     return combine(out_NH, K, ids_TK=ids_TK, num_experts=E)
