@@ -37,7 +37,7 @@ from dispatch.kernels.dense_gemv import MAX_ROWS, linear_small
 from dispatch.kernels.gemv import moe_decode
 from dispatch.kernels.grouped_gemm import moe_experts
 from dispatch.kernels.routing import route
-from dispatch.kernels.tiles import DECODE_MAX_TOKENS, DecodeConfig, GemmConfig
+from dispatch.kernels.tiles import DECODE_MAX_TOKENS, DecodeConfig, GemmConfig, resolve
 from dispatch.reference import check_input, experts_reference, route_reference, router_logits, shared_reference
 
 PATHS = ("auto", "triton", "decode", "torch")
@@ -104,7 +104,7 @@ def _forward(x: torch.Tensor, cfg: MoEConfig, w: MoEWeights, path: str, tiles, c
                          f"on {w.router_EH.device}")
     crossover = DECODE_MAX_TOKENS
     if path == "auto" and x_TH.is_cuda:  # the shape's tuned crossover (a cached lookup)
-        crossover = tiles.resolve("crossover", (0, cfg.K, cfg.E, cfg.H, cfg.I), x_TH.dtype, x_TH.device).config
+        crossover = resolve("crossover", (0, cfg.K, cfg.E, cfg.H, cfg.I), x_TH.dtype, x_TH.device).config
     chosen = pick_path(x_TH, path, crossover)
     _check_tiles(tiles, path, chosen)
     if x_TH.shape[0] == 0:

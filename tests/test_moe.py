@@ -1,6 +1,8 @@
 """The entry point (``moe`` / ``MoELayer``) against the reference layer, on every path."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -95,6 +97,31 @@ def test_from_hf_block_matches_transformers():
         want = out[0] if isinstance(out, tuple) else out
         y = MoELayer.from_hf(block, hf_cfg, path="triton")(x)
     assert rel_err(y, want) < 1e-5
+
+
+class _LookedUp(Exception):
+    pass
+
+
+@pytest.mark.parametrize("pinned", [None, GemmConfig(16, 32, 32, 1, 4, 1)])
+def test_auto_path_on_a_gpu_looks_up_the_shapes_crossover(monkeypatch, pinned):
+    # on a GPU "auto" asks the tile resolver for the shape's crossover, pinned tiles or not (a parameter
+    # named like the resolver's module must not shadow it): stopped at the lookup, the CPU stands in
+    moe_module = importlib.import_module("dispatch.moe")  # the module (dispatch.moe is also the function)
+
+    seen = []
+
+    def resolve(kind, key, dtype, device):
+        seen.append((kind, key))
+        raise _LookedUp
+
+    cfg = CFGS["tiny"]
+    w = random_weights(cfg, seed=1)
+    monkeypatch.setattr(moe_module, "resolve", resolve)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with pytest.raises(_LookedUp):
+        moe(torch.randn(4, cfg.H), cfg, w, path="auto", tiles=pinned)
+    assert seen == [("crossover", (0, cfg.K, cfg.E, cfg.H, cfg.I))]
 
 
 def test_tiles_must_match_the_chosen_path():
