@@ -122,6 +122,9 @@ def test_record_skips_steps_finished_from_this_commit(tmp_path):
     assert not record.done(step, folder, GOOD), "no record of a finished run"
     record.finish(step, folder, GOOD, 12.5, rc=124)
     assert not record.done(step, folder, GOOD), "a run stopped at its time limit is not done"
+    assert record.expected_s(step, folder) == max(1.5 * 12.5, step.guess_s), "it needs more than it had"
+    record.finish(step, folder, GOOD, 400.0, rc=124)
+    assert record.expected_s(step, folder) == 600.0
     record.finish(step, folder, GOOD, 12.5, rc=0)
     assert record.done(step, folder, GOOD) and not record.done(step, folder, "f" * 40)
     assert record.expected_s(step, folder) == 12.5
