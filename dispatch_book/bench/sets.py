@@ -26,8 +26,9 @@ ENV = "DISPATCH_RESULTS_GPU"
 # code cells (`evidence.changed`): re-executing a chapter does not make book_gpu stale.
 _KERNELS = ("dispatch/kernels", "dispatch/tables")
 _ROUTING = ("dispatch/tune/routing_dist.py", "dispatch/assets/traces")  # the races' routing draws, the trace replayed
-_RACE = (*_KERNELS, *_ROUTING, "dispatch_book/bench/kernels.py", "dispatch_book/bench/peers.py",
-         "dispatch_book/bench/peer_search.py", "dispatch_book/bench/data", "dispatch_book/bench/torch_grouped.py")
+_RACE = (*_KERNELS, *_ROUTING, "dispatch/moe.py",  # moe(): the race's whole-layer contestant
+         "dispatch_book/bench/kernels.py", "dispatch_book/bench/peers.py", "dispatch_book/bench/peer_search.py",
+         "dispatch_book/bench/data", "dispatch_book/bench/torch_grouped.py")
 MEASURES = {
     "ceilings": ("dispatch_book/bench/peaks.py", "dispatch_book/bench/reads.py"),
     "reads": ("dispatch_book/bench/reads.py",),
