@@ -8,11 +8,11 @@ Inline code, fenced code, glued numbers and link targets are not prose and are s
 ``ALLOWED`` is for a phrase that, in one place, is not history: (file name, the sentence's exact
 words). Prefer rewriting the sentence; "now" in "we now compute" reads better as "we compute".
 """
-import json
 import pathlib
 import re
 
 import pytest
+from book_pages import pages
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -67,17 +67,7 @@ def findings(name: str, text: str) -> list[str]:
     return out
 
 
-def _pages():
-    for p in sorted(ROOT.glob("notebooks/*.ipynb")):
-        nb = json.loads(p.read_text())
-        md = [("".join(c["source"]) if isinstance(c["source"], list) else c["source"])
-              for c in nb["cells"] if c["cell_type"] == "markdown"]
-        yield p.name, "\n\n".join(md)
-    for p in sorted(ROOT.glob("book/*.md")):
-        yield p.name, p.read_text()
-
-
-PAGES = list(_pages())
+PAGES = pages()
 
 
 @pytest.mark.parametrize("name,text", PAGES, ids=[n for n, _ in PAGES])

@@ -4,11 +4,11 @@ The chapters and pages cite with MyST roles, {cite}`key` or {cite}`a,b` (also {c
 sphinxcontrib-bibtex resolves them against ``bibtex_bibfiles`` in _config.yml. An unknown key is
 only a warning in a Sphinx build, and a reader sees a bare "[key]": here it fails.
 """
-import json
 import pathlib
 import re
 
 import pytest
+from book_pages import pages
 
 ROOT = pathlib.Path(__file__).parent.parent
 BIB = ROOT / "book" / "references.bib"
@@ -21,17 +21,7 @@ def cited_keys(text: str) -> list[str]:
     return [k.strip() for m in CITE.finditer(text) for k in m.group(1).split(",") if k.strip()]
 
 
-def _pages():
-    for p in sorted(ROOT.glob("notebooks/*.ipynb")):
-        nb = json.loads(p.read_text())
-        md = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-              for c in nb["cells"] if c["cell_type"] == "markdown"]
-        yield p.name, "\n\n".join(md)
-    for p in sorted(ROOT.glob("book/*.md")):
-        yield p.name, p.read_text()
-
-
-PAGES = list(_pages())
+PAGES = pages()
 
 
 def _entries():

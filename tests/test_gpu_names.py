@@ -7,11 +7,11 @@ Every markdown cell of every chapter and every page of the book is checked. Inli
 glued values are not prose and are skipped; ``GENERIC`` lists the phrases that name a family of GPUs, not
 the one measured.
 """
-import json
 import pathlib
 import re
 
 import pytest
+from book_pages import pages
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -39,17 +39,7 @@ def typed_names(name: str, text: str) -> list[str]:
             for m in MODEL.finditer(text)]
 
 
-def _pages():
-    for p in sorted(ROOT.glob("notebooks/*.ipynb")):
-        nb = json.loads(p.read_text())
-        md = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-              for c in nb["cells"] if c["cell_type"] == "markdown"]
-        yield p.name, "\n\n".join(md)
-    for p in sorted(ROOT.glob("book/*.md")):
-        yield p.name, p.read_text()
-
-
-PAGES = list(_pages())
+PAGES = pages()
 
 
 @pytest.mark.parametrize("name,text", PAGES, ids=[n for n, _ in PAGES])
