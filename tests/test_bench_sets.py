@@ -175,6 +175,20 @@ def test_a_docstring_or_comment_changes_nothing_measured(tmp_path):
     assert evidence.changed(first, ("dispatch/kernels",), repo) == ("dispatch/kernels/routing.py",)
 
 
+def test_an_added_module_counts_only_through_the_code_that_imports_it(tmp_path):
+    repo, first = _repo(tmp_path)
+    (repo / "dispatch" / "kernels" / "copy.py").write_text("y = 1\n")
+    (repo / "dispatch" / "kernels" / "table.json").write_text("{}\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "a new module and a new table")
+    assert evidence.changed(first, ("dispatch/kernels",), repo) == ("dispatch/kernels/table.json",), \
+        "a data file is looked up by name: added, it counts"
+    (repo / "dispatch" / "kernels" / "routing.py").write_text("from . import copy\nx = 1\n")
+    _git(repo, "commit", "-qam", "routing uses it")
+    assert evidence.changed(first, ("dispatch/kernels",), repo) == (
+        "dispatch/kernels/routing.py", "dispatch/kernels/table.json")
+
+
 def test_a_wrapped_staleness_note_fits_the_column_and_nbval_removes_it(monkeypatch):
     """The note depends on commits made since, not on the computation: nbval's sanitizer removes it
     whole, however the book's column (88 characters) or a chapter's own fill() wrapped it."""

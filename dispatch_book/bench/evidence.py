@@ -55,7 +55,8 @@ def _code_cells(text: str) -> list[str]:
 def changed(commit: str, paths: tuple[str, ...], top: pathlib.Path | None = None) -> tuple[str, ...] | None:
     """The files under ``paths`` whose code differs between ``commit`` and ``HEAD`` (a notebook counts only
     when its code cells differ, a Python file not for docstrings or comments); None when ``commit`` is not in
-    this checkout."""
+    this checkout. A Python file added since counts only through a file that imports it: new code reaches a
+    measurement only by an edit to code that was there."""
     top = top or repo()
     if top is None or _git(top, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         return None
@@ -71,6 +72,8 @@ def _changed(commit: str, head: str, paths: tuple[str, ...], top: pathlib.Path) 
             out.append(f)
             continue
         old, new = _git(top, "show", f"{commit}:{f}"), _git(top, "show", f"{head}:{f}")
+        if f.endswith(".py") and old.returncode != 0 and new.returncode == 0:
+            continue  # added: nothing measured imported it then, and what imports it now shows as changed
         if old.returncode == 0 and new.returncode == 0 and _same_code(f, old.stdout, new.stdout):
             continue
         out.append(f)
