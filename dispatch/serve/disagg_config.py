@@ -7,12 +7,15 @@ import torch
 
 from dispatch import runtime
 
+BACKENDS = ("auto", "gloo", "nccl", "ipc")
+
 
 @dataclass(frozen=True)
 class DisaggConfig:
     """Both workers' engine settings (as :class:`EngineConfig`), the transport and the time bounds.
     ``model``: a checkpoint name for :func:`dispatch.train.load` ("cpu": the shipped model) or
-    "module:function" building it; ``backend`` "auto": NCCL with two GPUs, else gloo on CPU."""
+    "module:function" building it; ``backend`` "auto": NCCL with two GPUs, else gloo on CPU; "ipc" (asked
+for by name): both workers on cuda:0, the KV blocks through CUDA IPC, ``max_inflight`` staging slots."""
 
     model: str = "cpu"
     dtype: str = "auto"
@@ -34,8 +37,8 @@ class DisaggConfig:
         if self.num_blocks is not None and (isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
                                             or self.num_blocks < 1):
             raise ValueError(f"num_blocks must be a positive int or None, got {self.num_blocks!r}")
-        if self.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
         for name in ("timeout_s", "start_timeout_s"):
             if not isinstance(getattr(self, name), (int, float)) or not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
@@ -47,6 +50,15 @@ class DisaggConfig:
         if self.backend != "auto":
             return self.backend
         return "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+
+    def check_devices(self) -> None:
+        """ValueError unless this machine has the GPUs the resolved backend needs."""
+        n, backend = torch.cuda.device_count(), self.resolved_backend
+        if backend == "nccl" and n < 2:
+            raise ValueError(f"nccl needs two GPUs, found {n}")
+        if backend == "ipc" and n < 1:
+            raise ValueError("ipc (the KV blocks through CUDA IPC, both workers on cuda:0) needs a CUDA GPU, "
+                             "found none")
 
 
 class WorkerError(RuntimeError):

@@ -10,6 +10,9 @@ admits a request once its blocks have landed and the pool has room (its table al
 blocks it already holds shared, the rest scattered in), as a running sequence that has computed
 its prompt and holds its first token; then it decodes like chapter 8's engine.
 
+The payloads ride torch.distributed (gloo, NCCL), or with "ipc" both workers sit on cuda:0 and a
+ring of staging slots shared through CUDA IPC carries them (:mod:`dispatch.serve.handoff_ipc`).
+
 Both report to the router's outbox: ("ready", role, info), ("token", rid, index, token),
 ("done", rid, reason, n_tokens), ("handoff", rid, bytes, seconds), ("stats", role, info),
 ("error", role, kind, text) — kind "own" for a fault of this worker, "peer" for a failed transfer
@@ -29,8 +32,10 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from dispatch.serve.blocks import cdiv
 from dispatch.serve.engine import EngineConfig, LLMEngine, _Request
 from dispatch.serve.handoff import HandoffMeta, Mover, gather, handoff_plan, scatter
+from dispatch.serve.handoff_ipc import IpcMover, LinkTimeout, make_ring
 from dispatch.serve.request import RequestParams
 from dispatch.serve.scheduler import Sequence
 
@@ -69,19 +74,21 @@ def _stats(role: str, eng: LLMEngine, **extra) -> dict:
             "running": len(eng.scheduler.running), "waiting": len(eng.scheduler.waiting), **extra}
 
 
-def main(role: str, port: int, backend: str, cfg, inbox, peer_inbox, outbox) -> None:
-    """A worker's process: join the group, load the model, serve until "stop" (or a fault, reported)."""
+def main(role: str, port: int, backend: str, cfg, inbox, peer_inbox, outbox, link=None) -> None:
+    """A worker's process: join the group (``link``, two queues, instead for "ipc"), load the model,
+    serve until "stop" (or a fault, reported)."""
     rank = 0 if role == "prefill" else 1
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = f"cuda:{rank}"
+        if backend in ("nccl", "ipc"):
+            device = f"cuda:{rank if backend == 'nccl' else 0}"
+            torch.cuda.set_device(device)
         else:
             torch.set_num_threads(1)  # two workers share the CPU cores
             device = "cpu"
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group(backend, rank=rank, world_size=2,
-                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        if backend != "ipc":
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            dist.init_process_group(backend, rank=rank, world_size=2,
+                                    timeout=datetime.timedelta(seconds=cfg.timeout_s))
         model = _model(cfg.model, device, cfg.dtype)
         ecfg = EngineConfig(block_size=cfg.block_size, num_blocks=cfg.num_blocks, max_seqs=cfg.max_seqs,
                             max_step_tokens=cfg.max_step_tokens, prefix_caching=cfg.prefix_caching)
@@ -92,9 +99,10 @@ def main(role: str, port: int, backend: str, cfg, inbox, peer_inbox, outbox) -> 
         info = _stats(role, eng, vocab=int(eng.lean.embed.shape[0]), max_model_len=eng.max_model_len,
                       eos=list(eng.eos), device=device, pid=os.getpid())
         outbox.put(("ready", role, info))
-        (_prefill if role == "prefill" else _decode)(eng, cfg, inbox, peer_inbox, outbox)
+        (_prefill if role == "prefill" else _decode)(eng, cfg, inbox, peer_inbox, outbox, link)
     except BaseException as e:  # noqa: BLE001 - the router must hear why
-        peer = isinstance(e, dist.DistError) or any(s in str(e) for s in ("Connection", "Gloo", "gloo", "NCCL"))
+        peer = isinstance(e, (dist.DistError, LinkTimeout)) or any(
+            s in str(e) for s in ("Connection", "Gloo", "gloo", "NCCL"))
         outbox.put(("error", role, "peer" if peer else "own",
                     f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))))
     outbox.close()
@@ -126,13 +134,18 @@ def _take_commands(inbox, mover: Mover, idle: bool, handle) -> bool:
     return True
 
 
-def _prefill(eng: _PrefillEngine, cfg, inbox, decode_inbox, outbox) -> None:
+def _report(outbox):
+    """The on_done that tells the router a handoff's bytes and seconds."""
+    return lambda meta, t, seconds: outbox.put(("handoff", meta.rid, t.numel() * t.element_size(), seconds))
+
+
+def _prefill(eng: _PrefillEngine, cfg, inbox, decode_inbox, outbox, link) -> None:
     ours: dict[int, tuple[int, RequestParams, tuple]] = {}  # engine id → (router id, params, prompt)
-
-    def sent(meta, t, seconds):
-        outbox.put(("handoff", meta.rid, t.numel() * t.element_size(), seconds))
-
-    mover = Mover(1, send=True, on_done=sent)
+    if link is None:
+        mover = Mover(1, send=True, on_done=_report(outbox))
+    else:  # the decode side reports the whole handoff
+        ring = make_ring(eng.runner.kv, cfg.max_inflight, cdiv(eng.max_model_len, eng.alloc.block_size))
+        mover = IpcMover(link, send=True, on_done=lambda *_: None, timeout_s=cfg.timeout_s, ring=ring)
 
     def handle(cmd):
         if cmd[0] == "add":
@@ -170,9 +183,14 @@ def _prefill(eng: _PrefillEngine, cfg, inbox, decode_inbox, outbox) -> None:
         eng.ready.clear()
 
 
-def _decode(eng: LLMEngine, cfg, inbox, _, outbox) -> None:
+def _decode(eng: LLMEngine, cfg, inbox, _, outbox, link) -> None:
     landed: deque[tuple[HandoffMeta, torch.Tensor]] = deque()
-    mover = Mover(0, send=False, on_done=lambda meta, t, s: landed.append((meta, t)))
+    if link is None:
+        mover = Mover(0, send=False, on_done=lambda meta, t, s: landed.append((meta, t)))
+    else:
+        report = _report(outbox)
+        mover = IpcMover(link, send=False, timeout_s=cfg.timeout_s,
+                         on_done=lambda meta, t, s: (landed.append((meta, t)), report(meta, t, s)))
     kv, L = eng.runner.kv, eng.runner.kv.shape
     sent: dict[int, int] = {}  # router id → tokens reported
 
