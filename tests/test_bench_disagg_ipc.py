@@ -1,5 +1,5 @@
-"""The CUDA IPC handoff benchmark's CPU dry run: its arguments, a spawned decode side fed through the
-shared-memory ring, every payload exact, the file written row by row under <out>/cpu/."""
+"""The CUDA IPC handoff benchmark's CPU dry run: its arguments, a spawned decode side copying out of the
+shared-memory pool, every copy exact, the file written row by row under <out>/cpu/."""
 import json
 
 import pytest
@@ -30,5 +30,5 @@ def test_cpu_dry_run_writes_the_ceiling_and_the_handoff_rows(tmp_path, monkeypat
     kvb = 2 * 2 * 2 * 16 * 4  # CPU: layers x K,V x heads x head_dim x fp32 bytes, per token
     for copy, h in (rows[:2], rows[2:]):
         assert copy["bytes"] == h["bytes"] == h["blocks"] * 16 * kvb and copy["gbps"] == copy["bytes"] / 0.5e6
-        assert h["exact"] and h["reps"] == 2 and 0 < h["handoff_ms_min"] <= h["handoff_ms_p50"]
-        assert h["of_ceiling"] == pytest.approx(0.5 / h["handoff_ms_p50"]) and h["stream_gbps"] > 0
+        assert h["exact"] and h["reps"] == 2 and 0 < h["copy_ms_min"] <= h["copy_ms_p50"] <= h["handoff_ms_max"]
+        assert h["of_ceiling"] == pytest.approx(0.5 / h["copy_ms_p50"]) and h["gbps"] > 0

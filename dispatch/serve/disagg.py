@@ -13,7 +13,8 @@ The router (this process) numbers requests, checks them, sends each prompt to th
 the rest from the decode worker, each with its index so their order never depends on which process
 spoke first. The KV handoff (:mod:`dispatch.serve.handoff`) rides torch.distributed between the two
 workers — gloo on CPU, NCCL when two GPUs are there (prefill on cuda:0, decode on cuda:1) — or,
-with ``backend="ipc"``, through CUDA IPC between two processes on one GPU (:mod:`dispatch.serve.handoff_ipc`).
+with ``backend="ipc"``, two processes on one GPU, the decode worker copying the blocks straight out
+of the prefill worker's pool, shared through CUDA IPC (:mod:`dispatch.serve.handoff_ipc`).
 
 Faults: a worker that raises, exits or is killed is named with its cause (a failed transfer on the
 other side is the symptom, reported only when nothing else is known); every request in flight is
@@ -30,6 +31,8 @@ import queue
 import time
 from contextlib import suppress
 from dataclasses import asdict
+
+import torch
 
 from dispatch.parallel.launch import free_port
 from dispatch.serve.disagg_config import DisaggConfig, Result, WorkerError, _death
@@ -62,7 +65,7 @@ class Disaggregated:
     def _start(self) -> None:
         from dispatch.serve import disagg_worker
 
-        if self.backend in ("nccl", "ipc"):  # CUDA cannot be used in a forked child
+        if self.backend == "nccl" or (self.backend == "ipc" and torch.cuda.is_available()):  # no CUDA in a fork
             ctx = mp.get_context("spawn")
         else:
             ctx = mp.get_context("forkserver")

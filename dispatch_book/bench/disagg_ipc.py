@@ -1,21 +1,24 @@
-"""The KV handoff through CUDA IPC on one GPU: two processes, one request's blocks from the prefill
-side's pool to the decode side's staging tensor, against the device's copy ceiling.
+"""The one-copy KV handoff through CUDA IPC on one GPU: the decode side, a second process, copies one
+request's blocks straight out of the prefill side's pool into its own, against the device's ceiling.
 
     python -m dispatch_book.bench disagg_ipc --out results      # one GPU, well under 150 s
 
 Writes ``<out>/<gpu>/disagg_ipc.json`` after every row (a run cut short keeps what it measured):
 
-    part "copy"     the ceiling: one device-to-device copy of a request's KV bytes in one process
+    part "copy"     the ceiling: the same blocks gathered in one process (``index_select`` on the block
+                    dimension of the same pool: the same bytes, the same layout)
     part "handoff"  per prompt length, OLMoE-1B-7B's KV shape (16 layers x K,V x 16 heads x 128, bf16,
-                    blocks of 16): the handoff of :class:`~dispatch.serve.handoff_ipc.IpcMover` from this
-                    process to a spawned one — one request at a time (``handoff_ms_*``: the time per
-                    request, from the slot held to the decode side's copy done) and ``stream`` requests
-                    back to back through two slots (``stream_gbps``); every payload checked bit for bit
+                    blocks of 16): :class:`~dispatch.serve.handoff_ipc.PoolReceiver`'s copy from this
+                    process's pool (shared once) into the spawned decode side's, one request at a time.
+                    ``copy_ms_*``: the copy as the decode side runs it (its indices uploaded, the launch,
+                    the kernel; synchronized before and after), ``gbps`` its rate and ``of_ceiling`` =
+                    ceiling / copy (1.0: as fast as the gather); ``handoff_ms_*``: from the prefill side's
+                    send to the decode side's "done", the link's messages included; every copy checked
+                    bit for bit
     part "serve"    the shipped model served by a ``backend="ipc"`` pair against the co-located engine
                     (fp32): the requests whose tokens are equal, those that differ only at a near tie
 
-The handoff is two copies (into the ring, out of it), so its rate is at most half the ceiling's
-(``of_ceiling`` <= 0.5). On CPU the same run is a small dry run (shared memory, no serve row).
+On CPU the same run is a small dry run (the pool in shared memory, no serve row).
 """
 from __future__ import annotations
 
@@ -28,12 +31,13 @@ import time
 import torch
 
 from dispatch import runtime
-from dispatch.serve.handoff import HandoffMeta, gather
-from dispatch.serve.handoff_ipc import IpcMover, make_ring
+from dispatch.serve.blocks import BlockTable
+from dispatch.serve.handoff import HandoffMeta
+from dispatch.serve.handoff_ipc import Arrival, PoolReceiver, PoolSender, block_bytes
 from dispatch_book.bench import harness, results
 
-GPU = dict(layers=16, kv_heads=16, head_dim=128, block=16, dtype="bfloat16", tokens=(1024, 4096), reps=20, stream=8)
-CPU = dict(layers=2, kv_heads=2, head_dim=16, block=16, dtype="float32", tokens=(64, 256), reps=3, stream=4)
+GPU = dict(layers=16, kv_heads=16, head_dim=128, block=16, dtype="bfloat16", tokens=(1024, 4096), reps=20)
+CPU = dict(layers=2, kv_heads=2, head_dim=16, block=16, dtype="float32", tokens=(64, 256), reps=3)
 SEED = 0
 
 
@@ -67,84 +71,76 @@ def blocks_of(rid: int, n_tokens: int, s: dict, nb_pool: int) -> list[int]:
     return torch.randperm(nb_pool, generator=g)[: -(-n_tokens // s["block"])].tolist()
 
 
-def _decode_side(s: dict, device: str, link, todo, done) -> None:
-    """The spawned decode side: receives each announced request and checks it against its own pool."""
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize(device)
+
+
+def _decode_side(s: dict, device: str, link, done) -> None:
+    """The spawned decode side: copies each request's blocks into its own pool (into other blocks)
+    and checks them against the seeded pool it rebuilds."""
     if device != "cpu":
         torch.cuda.set_device(device)
-    kv = pool(s, device)
-
-    def landed(meta, t, seconds):
-        done.put((meta.rid, seconds, torch.equal(t, gather(kv, meta.params["blocks"]))))
-
-    mover = IpcMover(link, send=False, on_done=landed, timeout_s=60.0)
-    while (m := todo.get()) is not None:
-        mover.put(m, torch.empty(kv.shape[0], m.n_blocks, *kv.shape[2:], dtype=kv.dtype, device=device))
-        if mover.error is not None:
-            raise mover.error
-    mover.stop()
-    mover.thread.join()
+    ref = pool(s, device)
+    rx = PoolReceiver(link, torch.zeros_like(ref))
+    while True:
+        for a in rx.arrivals():
+            if a.meta.rid < 0:
+                return
+            mine = blocks_of(10**6 + a.meta.rid, len(a.blocks) * s["block"], s, ref.shape[1])
+            _sync(device)
+            t0 = time.perf_counter()
+            rx.copy(a, list(enumerate(mine)))
+            _sync(device)
+            copy_s = time.perf_counter() - t0
+            ((_, _, seconds),) = rx.settle()
+            done.put((a.meta.rid, copy_s, seconds, torch.equal(rx.kv[:, mine], ref[:, list(a.blocks)])))
+        time.sleep(1e-4)
 
 
 def handoff_rows(s: dict, device: str, save) -> None:
     """The "copy" and "handoff" rows, through a spawned decode side."""
     kv = pool(s, device)
     ctx = mp.get_context("spawn")
-    link, todo, done = (ctx.Queue(), ctx.Queue()), ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_decode_side, args=(s, device, link, todo, done), daemon=True)
+    link, done = (ctx.Queue(), ctx.Queue()), ctx.Queue()
+    proc = ctx.Process(target=_decode_side, args=(s, device, link, done), daemon=True)
     proc.start()
-    tx = IpcMover(link, send=True, on_done=lambda *_: None, timeout_s=60.0, ring=make_ring(kv, 2, kv.shape[1] - 1))
+    tx = PoolSender(link, kv, lambda hold: None, max_inflight=1, timeout_s=60.0)
     rid = 0
 
-    def one(n_tokens: int) -> HandoffMeta:
+    def one(n_tokens: int) -> tuple[int, float, float, bool]:
         nonlocal rid
         rid += 1
         blocks = blocks_of(rid, n_tokens, s, kv.shape[1])
-        meta = HandoffMeta(rid, (), 0, {"blocks": blocks}, len(blocks))
-        todo.put(meta)
-        tx.put(meta, gather(kv, blocks))
-        return meta
-
-    def results_of(n: int) -> list[tuple[int, float, bool]]:
-        out = []
-        for _ in range(n):
-            try:
-                out.append(done.get(timeout=60.0))
-            except queue.Empty:
-                raise RuntimeError(f"the decode side answered nothing in 60 s (alive: {proc.is_alive()}, "
-                                   f"sender: {tx.error!r})") from None
-        return out
+        tx.send(HandoffMeta(rid, (), 0, {}, len(blocks)), BlockTable(blocks))
+        try:
+            got = done.get(timeout=60.0)
+        except queue.Empty:
+            raise RuntimeError(f"the decode side answered nothing in 60 s (alive: {proc.is_alive()})") from None
+        tx.wait_room()
+        return got
 
     try:
         for n_tokens in s["tokens"]:
-            nb = -(-n_tokens // s["block"])
-            nbytes = kv[:, :nb].numel() * kv.element_size()
-            src = kv[:, :nb].contiguous()
-            dst = torch.empty_like(src)
-            ceiling = harness.time_ms(lambda dst=dst, src=src: dst.copy_(src))
+            blocks = blocks_of(0, n_tokens, s, kv.shape[1])
+            nb, idx = len(blocks), torch.tensor(blocks, device=kv.device)
+            nbytes = nb * block_bytes(kv)
+            ceiling = harness.time_ms(lambda idx=idx: kv.index_select(1, idx))
             save({"part": "copy", "tokens": n_tokens, "bytes": nbytes, **ceiling,
                   "gbps": nbytes / ceiling["median_ms"] / 1e6})
-            for _ in range(2):  # warm: both slots used, the ring mapped
+            for _ in range(2):  # warm: the pool mapped, the kernel compiled
                 one(n_tokens)
-            results_of(2)
-            got = []
-            for _ in range(s["reps"]):
-                one(n_tokens)
-                got += results_of(1)
-            ms = sorted(x[1] * 1e3 for x in got)
-            t0 = time.perf_counter()
-            for _ in range(s["stream"]):
-                one(n_tokens)
-            streamed = results_of(s["stream"])
-            wall = time.perf_counter() - t0
-            p50 = statistics.median(ms)
-            save({"part": "handoff", "tokens": n_tokens, "blocks": nb, "bytes": nbytes, "reps": len(ms),
-                  "handoff_ms_p50": p50, "handoff_ms_min": ms[0], "handoff_ms_max": ms[-1],
+            got = [one(n_tokens) for _ in range(s["reps"])]
+            copy_ms = sorted(x[1] * 1e3 for x in got)
+            hand_ms = sorted(x[2] * 1e3 for x in got)
+            p50 = statistics.median(copy_ms)
+            save({"part": "handoff", "tokens": n_tokens, "blocks": nb, "bytes": nbytes, "reps": len(got),
+                  "copy_ms_p50": p50, "copy_ms_min": copy_ms[0], "copy_ms_max": copy_ms[-1],
                   "gbps": nbytes / p50 / 1e6, "of_ceiling": ceiling["median_ms"] / p50,
-                  "stream": s["stream"], "stream_gbps": s["stream"] * nbytes / wall / 1e9,
-                  "exact": all(x[2] for x in got + streamed)})
+                  "handoff_ms_p50": statistics.median(hand_ms), "handoff_ms_max": hand_ms[-1],
+                  "exact": all(x[3] for x in got)})
     finally:
-        todo.put(None)
-        tx.stop()
+        tx.tx.put(("kv", Arrival(HandoffMeta(-1, (), 0, {}, 0), (), None, 0.0)))  # rid -1: stop
         proc.join(10.0)
         if proc.is_alive():
             proc.kill()
