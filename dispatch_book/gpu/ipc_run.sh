@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One GPU run (< 150 s): disaggregated serving's one-copy KV handoff through CUDA IPC, two processes on one GPU
-# (dispatch.serve.handoff_ipc) — the decode side's copy out of the prefill pool per request, its rate against the
-# same-process gather of the same blocks (of_ceiling) at OLMoE-1B-7B's KV for 1024- and 4096-token prompts, the shipped model served by an ipc pair
-# against the co-located engine, then the ipc tests (tokens, every block back, a killed worker named).
+# One GPU run (< 150 s): disaggregated serving's one-copy KV handoff through CUDA IPC, two processes on
+# one GPU (dispatch.serve.handoff_ipc) — the decode side's copy out of the prefill pool per request, its
+# rate against a same-process gather of the same blocks (of_ceiling) at OLMoE-1B-7B's KV for 1024- and
+# 4096-token prompts, the shipped model served by an ipc pair against the co-located engine, then the
+# ipc tests (tokens, every block back, a killed worker named).
 #   DISPATCH_GIT_COMMIT=<sha> dispatch_book/gpu/ipc_run.sh "$OUT"
 # Writes $OUT/gpu.txt, $OUT/bench.log, $OUT/results/<gpu>/disagg_ipc.json (commit it as
 # results/<gpu>/disagg_ipc.json) and $OUT/tests.log.
