@@ -145,6 +145,14 @@ class BlockAllocator:
         self.queries += n
         return table, cached
 
+    def share(self, blocks: list[int]) -> BlockTable:
+        """A table holding ``blocks`` (each taken once more): they stay out of the free list until it is freed."""
+        for b in blocks:
+            if self.refs[b] <= 0:
+                raise RuntimeError(f"block {b} is free: only a held block can be shared")
+            self._ref(b)
+        return BlockTable(list(blocks))
+
     def grow(self, table: BlockTable, n_tokens: int) -> bool:
         """Add blocks so ``table`` covers ``n_tokens``; False (and nothing taken) if too few are free."""
         need = self.blocks_for(n_tokens) - len(table.blocks)

@@ -12,7 +12,9 @@ The router (this process) numbers requests, checks them, sends each prompt to th
 (:mod:`dispatch.serve.disagg_worker`) and collects every token: the first from the prefill worker,
 the rest from the decode worker, each with its index so their order never depends on which process
 spoke first. The KV handoff (:mod:`dispatch.serve.handoff`) rides torch.distributed between the two
-workers — gloo on CPU, NCCL when two GPUs are there (prefill on cuda:0, decode on cuda:1).
+workers — gloo on CPU, NCCL when two GPUs are there (prefill on cuda:0, decode on cuda:1) — or,
+with ``backend="ipc"``, two processes on one GPU, the decode worker copying the blocks straight out
+of the prefill worker's pool, shared through CUDA IPC (:mod:`dispatch.serve.handoff_ipc`).
 
 Faults: a worker that raises, exits or is killed is named with its cause (a failed transfer on the
 other side is the symptom, reported only when nothing else is known); every request in flight is
@@ -48,8 +50,7 @@ class Disaggregated:
     def __init__(self, cfg: DisaggConfig | None = None):
         cfg = cfg if cfg is not None else DisaggConfig()
         self.cfg, self.backend = cfg, cfg.resolved_backend
-        if self.backend == "nccl" and torch.cuda.device_count() < 2:
-            raise ValueError(f"nccl needs two GPUs, found {torch.cuda.device_count()}")
+        cfg.check_devices()  # before any process starts
         self.requests: dict[int, Result] = {}
         self.error: WorkerError | None = None
         self.info: dict[str, dict] = {}
@@ -64,13 +65,14 @@ class Disaggregated:
     def _start(self) -> None:
         from dispatch.serve import disagg_worker
 
-        if self.backend == "nccl":  # CUDA cannot be used in a forked child
+        if self.backend == "nccl" or (self.backend == "ipc" and torch.cuda.is_available()):  # no CUDA in a fork
             ctx = mp.get_context("spawn")
         else:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["dispatch.serve.disagg_worker"])
         self.outbox = ctx.Queue()
         self.inbox = {r: ctx.Queue() for r in ROLES}
+        self.link = (ctx.Queue(), ctx.Queue()) if self.backend == "ipc" else ()  # (to decode, to prefill)
         port = free_port()
         env = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"} if self.backend == "gloo" else {}
         saved = {k: os.environ.get(k) for k in env}
@@ -78,7 +80,7 @@ class Disaggregated:
         try:
             self.procs = {r: ctx.Process(target=disagg_worker.main, name=f"dispatch-{r}", daemon=True,
                                          args=(r, port, self.backend, self.cfg, self.inbox[r],
-                                               self.inbox["decode"], self.outbox)) for r in ROLES}
+                                               self.inbox["decode"], self.outbox, self.link or None)) for r in ROLES}
             for p in self.procs.values():
                 p.start()
         finally:
@@ -111,7 +113,7 @@ class Disaggregated:
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
-        for q in (*self.inbox.values(), self.outbox):
+        for q in (*self.inbox.values(), self.outbox, *self.link):
             q.cancel_join_thread()  # a message to a dead worker never holds this process at exit
 
     def __enter__(self):

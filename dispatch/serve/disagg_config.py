@@ -7,12 +7,17 @@ import torch
 
 from dispatch import runtime
 
+BACKENDS = ("auto", "gloo", "nccl", "ipc")
+
 
 @dataclass(frozen=True)
 class DisaggConfig:
     """Both workers' engine settings (as :class:`EngineConfig`), the transport and the time bounds.
     ``model``: a checkpoint name for :func:`dispatch.train.load` ("cpu": the shipped model) or
-    "module:function" building it; ``backend`` "auto": NCCL with two GPUs, else gloo on CPU."""
+    "module:function" building it; ``backend`` "auto": NCCL with two GPUs, else gloo on CPU; "ipc" (asked
+    for by name): both workers on cuda:0, the decode worker copying the KV blocks straight out of the
+    prefill worker's pool through CUDA IPC, at most ``max_inflight`` requests' blocks held for it
+    (without a GPU: both on CPU, the pool in shared memory — the stand-in the tests run)."""
 
     model: str = "cpu"
     dtype: str = "auto"
@@ -22,7 +27,7 @@ class DisaggConfig:
     max_step_tokens: int = 512
     prefix_caching: bool = True
     backend: str = "auto"
-    max_inflight: int = 8  # payloads the prefill worker holds before it waits for the link
+    max_inflight: int = 8  # handoffs the prefill worker holds before it waits for the decode side
     timeout_s: float = 60.0
     start_timeout_s: float = 180.0
 
@@ -34,8 +39,8 @@ class DisaggConfig:
         if self.num_blocks is not None and (isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
                                             or self.num_blocks < 1):
             raise ValueError(f"num_blocks must be a positive int or None, got {self.num_blocks!r}")
-        if self.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
         for name in ("timeout_s", "start_timeout_s"):
             if not isinstance(getattr(self, name), (int, float)) or not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
@@ -47,6 +52,12 @@ class DisaggConfig:
         if self.backend != "auto":
             return self.backend
         return "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+
+    def check_devices(self) -> None:
+        """ValueError unless this machine has the GPUs the resolved backend needs."""
+        n, backend = torch.cuda.device_count(), self.resolved_backend
+        if backend == "nccl" and n < 2:
+            raise ValueError(f"nccl needs two GPUs, found {n}")
 
 
 class WorkerError(RuntimeError):

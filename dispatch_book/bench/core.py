@@ -50,6 +50,7 @@ SUITES = {
     "serve": "dispatch_book.bench.serve",
     "speculative": "dispatch_book.bench.speculative",
     "disagg": "dispatch_book.bench.disagg",
+    "disagg_ipc": "dispatch_book.bench.disagg_ipc",
     "evidence": "dispatch_book.bench.evidence",
     "all": "dispatch_book.bench.record",
 }

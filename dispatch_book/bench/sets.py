@@ -64,6 +64,10 @@ EXTRA_MEASURES = {
     "kernels_skewed": _RACE,
     "decode_skewed": (*_KERNELS, *_ROUTING, "dispatch_book/bench/decode.py"),
     "quant_skewed": (*_KERNELS, *_ROUTING, "dispatch/quant", "dispatch_book/bench/quant.py"),
+    "disagg_ipc": ("dispatch/kernels/block_copy.py", "dispatch/serve/blocks.py", "dispatch/serve/handoff.py",
+                   "dispatch/serve/handoff_ipc.py", "dispatch/serve/disagg.py",
+                   "dispatch/serve/disagg_worker.py", "dispatch/serve/disagg_config.py",
+                   "dispatch_book/bench/disagg_ipc.py"),
     "speculative_traces": ("dispatch/train.py", "dispatch/assets", "dispatch/serve", "dispatch_book/spec_study.py",
                            "dispatch_book/bench/spec_traces.py"),
 }

@@ -1,0 +1,48 @@
+"""Paged-cache blocks copied from one pool into another in one pass: the KV handoff's copy.
+
+    copy_blocks(src, dst, src_ids, dst_ids)     dst[:, dst_ids[i]] = src[:, src_ids[i]], every i
+
+Both pools are [L, NB, *block] (NB may differ, the rest must not), contiguous. torch's twin,
+``dst.index_copy_(1, d, src.index_select(1, s))``, passes the bytes twice (a gather into a temporary,
+then a scatter out of it); this kernel reads each element once and writes it once, like a plain
+copy of the same bytes. One program per (layer, block, tile of the block's elements).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy_blocks_kernel(src, dst, src_ids, dst_ids, src_layer, dst_layer, N: tl.constexpr, BLOCK: tl.constexpr):
+    """Layer pid(0), pair pid(1), elements of tile pid(2): dst[l, dst_ids[i]] = src[l, src_ids[i]]."""
+    layer = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    s = tl.load(src_ids + i).to(tl.int64)
+    d = tl.load(dst_ids + i).to(tl.int64)
+    offs = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(src + layer * src_layer + s * N + offs, mask=m)
+    tl.store(dst + layer * dst_layer + d * N + offs, x, mask=m)
+
+
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+    """``dst[:, dst_ids[i]] = src[:, src_ids[i]]`` for every i, launched on the current stream.
+    ``src_ids``/``dst_ids``: int64 on the pools' device, the same length."""
+    if src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
+        raise ValueError(f"pools of different layouts: {tuple(src.shape)} {src.dtype}, {tuple(dst.shape)} {dst.dtype}")
+    if not (src.is_contiguous() and dst.is_contiguous()) or src.device != dst.device:
+        raise ValueError("both pools must be contiguous and on one device")
+    if src_ids.shape != dst_ids.shape or src_ids.dim() != 1:
+        raise ValueError(f"one destination per source block: {tuple(src_ids.shape)}, {tuple(dst_ids.shape)}")
+    n = src_ids.numel()
+    if n == 0:
+        return
+    N = math.prod(src.shape[2:])
+    BLOCK = min(8192, triton.next_power_of_2(N))
+    grid = (src.shape[0], n, triton.cdiv(N, BLOCK))
+    _copy_blocks_kernel[grid](src, dst, src_ids, dst_ids, src.stride(0), dst.stride(0), N=N, BLOCK=BLOCK,
+                              num_warps=8 if BLOCK >= 4096 else 4)
