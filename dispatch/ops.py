@@ -15,7 +15,8 @@ plain-PyTorch twin beside it (``*_torch``); :mod:`dispatch.kernels`' docstring m
     quantized        moe_experts_quant, moe_decode_quant (+ twins), fp8_rows
     the decode step  linear_small, decode_attention, add_rms, qk_rope, router_topk, moe_decode_1
                      (+ twins), num_splits
-    serving          paged_decode_attention, paged_prefill_attention (+ twins), gated_rows
+    serving          paged_decode_attention, paged_prefill_attention (+ twins), gated_rows,
+                     copy_blocks (+ twin: the KV handoff's copy between two block pools)
     tiles            resolve, GemmConfig, DecodeConfig, DenseGemvConfig, INTERPRET_CONFIG,
                      DECODE_MAX_TOKENS, pick_block_m, heuristic_decode, shared_bytes
     modules          the kernel modules by name, to read a kernel's source (``routing``, ``sort``,
@@ -46,11 +47,12 @@ _ENTRY = {
     "paged_attention": ("paged_decode_attention", "paged_decode_attention_torch", "paged_prefill_attention",
                         "paged_prefill_attention_torch"),
     "gated_rows": ("gated_rows", "gated_rows_torch"),
+    "block_copy": ("copy_blocks", "copy_blocks_reference"),
     "tiles": ("resolve", "GemmConfig", "DecodeConfig", "DenseGemvConfig", "INTERPRET_CONFIG", "DECODE_MAX_TOKENS",
               "pick_block_m", "heuristic_decode", "shared_bytes"),
 }
 # the kernel modules, by their own names (every file of dispatch/kernels but those named like a function above)
-MODULES = ("attention", "decode_fused", "decode_split", "dense_gemv", "fused_moe", "gemv",
+MODULES = ("attention", "block_copy", "decode_fused", "decode_split", "dense_gemv", "fused_moe", "gemv",
            "gemv_kernels", "grouped_gemm", "grouped_kernels", "helpers", "norm_rope", "p2p", "paged_attention", "pdl",
            "persistent", "quant_gemv", "quant_grouped", "quant_kernels", "routing", "sort", "tile_configs",
            "tile_rules", "tiles", "tma", "trace")

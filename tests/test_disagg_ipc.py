@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from dispatch.kernels.block_copy import copy_blocks
+from dispatch.kernels.block_copy import copy_blocks, copy_blocks_reference
 from dispatch.serve import EngineConfig, LLMEngine, RequestParams
 from dispatch.serve.blocks import BlockAllocator
 from dispatch.serve.disagg import DisaggConfig, Disaggregated, WorkerError
@@ -42,6 +42,19 @@ def test_copy_blocks_is_torch_s_gather_then_scatter_and_refuses_other_layouts():
     assert torch.equal(dst, ref)
     with pytest.raises(ValueError, match="different layouts"):
         copy_blocks(src, torch.zeros(2, 5, 4, 2, 1, 4), s, d)
+    before = dst.clone()
+    for bad, match in ((([7, 2, 5], [3, 0, 5]), r"dst_ids must lie in \[0, 5\)"), (([9, 2, 5], [3, 0, 4]), "src_ids"),
+                       (([-1, 2, 5], [3, 0, 4]), "src_ids"), (([7, 2, 5], [3, 0, 3]), "repeats"),
+                       (([7, 2], [3, 0, 4]), "one destination per source")):
+        with pytest.raises(ValueError, match=match):
+            copy_blocks(src, dst, *bad)
+    assert torch.equal(dst, before), "refused before any copy"
+    ref2 = dst.clone()
+    copy_blocks_reference(src, ref2, [1, 6], [2, 1])
+    copy_blocks(src, dst, [1, 6], [2, 1])
+    assert torch.equal(dst, ref2)
+    copy_blocks(src, dst, [], [])  # nothing to copy
+    assert torch.equal(dst, ref2)
     assert block_bytes(src) == 2 * 4 * 2 * 3 * 4
 
 

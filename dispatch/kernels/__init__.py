@@ -21,6 +21,7 @@ norm_rope.py        the decode step's glue: residual + RMSNorm; q/k norm + RoPE 
 attention.py        decode attention over a static KV cache (flash-decoding)           (chapter 6)
 fused_moe.py        batch 1: router + top-K in one kernel, down + combine in one        (chapter 6)
 paged_attention.py  attention through a block table: paged decode and chunked prefill   (chapter 8)
+block_copy.py       copy_blocks: paged-cache blocks from one pool into another, one pass (chapter 10)
 gated_rows.py       act(a)·b row by row: batch-invariant mode's gated products           (chapter 9)
 pdl.py              programmatic dependent launch: the decode step's kernels start early (chapter 6)
 quant_kernels.py    8-bit weight operands (QUANT), fp8 activation rows (w8a8)           (chapter 7)

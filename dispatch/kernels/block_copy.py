@@ -29,20 +29,35 @@ def _copy_blocks_kernel(src, dst, src_ids, dst_ids, src_layer, dst_layer, N: tl.
     tl.store(dst + layer * dst_layer + d * N + offs, x, mask=m)
 
 
-def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids) -> None:
     """``dst[:, dst_ids[i]] = src[:, src_ids[i]]`` for every i, launched on the current stream.
-    ``src_ids``/``dst_ids``: int64 on the pools' device, the same length."""
-    if src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
-        raise ValueError(f"pools of different layouts: {tuple(src.shape)} {src.dtype}, {tuple(dst.shape)} {dst.dtype}")
+    ``src_ids``/``dst_ids``: block numbers on the host (sequences of ints, or CPU tensors), checked against
+    the pools before the launch, then copied to the pools' device."""
+    if src.dim() < 3 or src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
+        raise ValueError(f"pools of different layouts: {tuple(src.shape)} {src.dtype}, {tuple(dst.shape)} {dst.dtype}"
+                         " (expected [L, NB, *block] with the same L, block and dtype)")
     if not (src.is_contiguous() and dst.is_contiguous()) or src.device != dst.device:
         raise ValueError("both pools must be contiguous and on one device")
-    if src_ids.shape != dst_ids.shape or src_ids.dim() != 1:
-        raise ValueError(f"one destination per source block: {tuple(src_ids.shape)}, {tuple(dst_ids.shape)}")
-    n = src_ids.numel()
+    s, d = (torch.as_tensor(x, dtype=torch.long, device="cpu").reshape(-1) for x in (src_ids, dst_ids))
+    if s.shape != d.shape:
+        raise ValueError(f"one destination per source block: {len(s)} sources, {len(d)} destinations")
+    for name, ids, nb in (("src_ids", s, src.shape[1]), ("dst_ids", d, dst.shape[1])):
+        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < nb):
+            raise ValueError(f"{name} must lie in [0, {nb}): got {ids.min().item()}..{ids.max().item()}")
+    if len(set(d.tolist())) != len(d):
+        raise ValueError("dst_ids repeats a block: two sources would race for one destination")
+    n = s.numel()
     if n == 0:
         return
+    ids = torch.stack([s, d]).to(src.device, non_blocking=True)
     N = math.prod(src.shape[2:])
     BLOCK = min(8192, triton.next_power_of_2(N))
     grid = (src.shape[0], n, triton.cdiv(N, BLOCK))
-    _copy_blocks_kernel[grid](src, dst, src_ids, dst_ids, src.stride(0), dst.stride(0), N=N, BLOCK=BLOCK,
+    _copy_blocks_kernel[grid](src, dst, ids[0], ids[1], src.stride(0), dst.stride(0), N=N, BLOCK=BLOCK,
                               num_warps=8 if BLOCK >= 4096 else 4)
+
+
+def copy_blocks_reference(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids) -> None:
+    """The plain-PyTorch twin: a gather into a temporary, then a scatter (the bytes pass twice)."""
+    d = torch.as_tensor(dst_ids, dtype=torch.long).to(dst.device)
+    dst.index_copy_(1, d, src.index_select(1, torch.as_tensor(src_ids, dtype=torch.long).to(src.device)))

@@ -130,7 +130,7 @@ class PoolReceiver:
         src, dst = [a.blocks[i] for i, _ in plan], [d for _, d in plan]
         nbytes = len(plan) * block_bytes(self.kv)
         if not self.kv.is_cuda:
-            copy_blocks(self.pool, self.kv, torch.tensor(src), torch.tensor(dst))
+            copy_blocks(self.pool, self.kv, src, dst)
             self.copying.append((a, nbytes, None))
             return
         if self.stream is None:
@@ -139,8 +139,7 @@ class PoolReceiver:
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(a.event)
-            ids = torch.tensor([src, dst], dtype=torch.long).to(self.kv.device, non_blocking=True)
-            copy_blocks(self.pool, self.kv, ids[0], ids[1])
+            copy_blocks(self.pool, self.kv, src, dst)
             copied = torch.cuda.Event()
             copied.record()
         main.wait_event(copied)
