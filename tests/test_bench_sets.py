@@ -34,6 +34,22 @@ def test_the_newest_complete_set_is_the_default(tmp_path, monkeypatch):
     assert bench.load("kernels", root=tmp_path)["gpu"] == "NVIDIA H100 80GB HBM3"
 
 
+def test_an_optional_suite_comes_from_the_set_else_from_the_gpu_that_recorded_it_last(tmp_path, monkeypatch):
+    monkeypatch.delenv(sets.ENV, raising=False)
+    _set(tmp_path, "h200", "NVIDIA H200", "2026-01-01T00:00:00+00:00")
+    _set(tmp_path, "h100-80gb-hbm3", "NVIDIA H100 80GB HBM3", "2026-02-01T00:00:00+00:00", skip=("quant",))
+    assert bench.load("serve", root=tmp_path) is None and sets.optional_slug("serve", tmp_path) is None
+    for slug, gpu, date in (("h100-80gb-hbm3", "NVIDIA H100 80GB HBM3", "2026-03-01T00:00:00+00:00"),
+                            ("a100", "NVIDIA A100", "2026-02-15T00:00:00+00:00")):
+        (tmp_path / slug).mkdir(exist_ok=True)
+        (tmp_path / slug / "serve.json").write_text(json.dumps(_doc("serve", gpu, date)))
+    assert sets.default(tmp_path) == "h200", "the h100 set is incomplete: the chapters read the h200's"
+    assert bench.load("serve", root=tmp_path)["gpu"] == "NVIDIA H100 80GB HBM3", "the newest recording of it"
+    assert bench.load("kernels", root=tmp_path)["gpu"] == "NVIDIA H200", "a suite of the set: the set's"
+    (tmp_path / "h200" / "serve.json").write_text(json.dumps(_doc("serve", "NVIDIA H200")))
+    assert bench.load("serve", root=tmp_path)["gpu"] == "NVIDIA H200", "the set's own, older or not"
+
+
 def test_the_environment_names_another_set(tmp_path, monkeypatch):
     _set(tmp_path, "h200", "NVIDIA H200", "2026-01-01T00:00:00+00:00")
     _set(tmp_path, "h100-80gb-hbm3", "NVIDIA H100 80GB HBM3", "2026-02-01T00:00:00+00:00")

@@ -155,9 +155,9 @@ def check(top: pathlib.Path, root: pathlib.Path | None = None) -> tuple[list[str
     for (name, gpu), chapters in sorted(reads(top / "notebooks").items(), key=str):
         slug = results.gpu_slug(gpu) if gpu else default
         if gpu is None and name in sets.OPTIONAL:
-            have = slug is not None and (root / slug / f"{name}.json").is_file()
-            lines.append(f"{', '.join(chapters)} read {name!r} from the set: "
-                         f"{'recorded' if have else 'not recorded yet (the chapter measures live)'}")
+            have = sets.optional_slug(name, root)
+            lines.append(f"{', '.join(chapters)} read {name!r}: "
+                         + (f"results/{have}/{name}.json" if have else "not recorded yet (the chapter measures live)"))
         elif gpu is None and name not in sets.SET:
             fails.append(f"{', '.join(chapters)} load {name!r} without naming a GPU, but it is not part of a set")
         elif slug is None:

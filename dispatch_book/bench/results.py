@@ -249,7 +249,8 @@ def recorded():
 def load(name: str, gpu: str | None = None, *, root: str | os.PathLike | None = None) -> dict | None:
     """The recorded file of benchmark ``name``: of GPU ``gpu`` (a name or slug: ``"h200"``) when given,
     else of the set the chapters read here (:func:`dispatch_book.bench.sets.current`: this GPU's complete
-    set, else ``$DISPATCH_RESULTS_GPU`` or the newest complete one); None when there is none.
+    set, else ``$DISPATCH_RESULTS_GPU`` or the newest complete one; an optional suite the set lacks comes
+    from the GPU that recorded it last, :func:`~dispatch_book.bench.sets.optional_slug`); None when there is none.
 
     Only a file whose recorded ``gpu`` is the folder's GPU counts, and CPU runs (``cpu*`` folders) are
     read only when asked for by name (``gpu="cpu"``): a CPU run never stands in for a GPU. A recording
@@ -263,7 +264,7 @@ def load(name: str, gpu: str | None = None, *, root: str | os.PathLike | None = 
         if name not in sets.SET and name not in sets.OPTIONAL:
             raise ValueError(f"{name!r} is not one of the recordings of a set ({', '.join(sets.SET)}): name "
                              f"the GPU it was recorded on, load({name!r}, gpu=...)")
-        slug = sets.current(root)
+        slug = sets.optional_slug(name, root) if name in sets.OPTIONAL else sets.current(root)
         if slug is None:
             return None
     else:

@@ -144,6 +144,18 @@ def current(root=None) -> str | None:
     return default(root)
 
 
+def optional_slug(name: str, root=None) -> str | None:
+    """Where a chapter reads the optional suite ``name`` (:data:`OPTIONAL`): the current set when it holds
+    it, else the GPU set whose recording of it is the newest (the chapter names that GPU from the
+    document), else None (the chapter measures live)."""
+    slug = current(root)
+    if slug is not None and _root(root).joinpath(slug, f"{name}.json").is_file():
+        return slug
+    found = [(json.loads(f.read_text()).get("date", ""), s) for s in slugs(root)
+             for f in [_root(root).joinpath(s, f"{name}.json")] if f.is_file()]
+    return max(found)[1] if found else None
+
+
 def gpu_name(root=None) -> str:
     """The GPU of the set the chapters read, as the book names it ("H100 80GB HBM3", "H200")."""
     slug = current(root)
