@@ -2,6 +2,7 @@
 import os
 import tempfile
 
+import durations
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -28,7 +29,14 @@ if _WORKERS > 1:
     torch.set_num_threads(max(1, _cores // _WORKERS))
 
 
+def pytest_configure(config):
+    # xdist's --dist loadfile would deal files out by their number of tests; keep the order below.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
+    durations.order(items, durations.load())  # longest files first: no worker is left with a long tail
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run `make test-gpu` on a GPU machine)")
