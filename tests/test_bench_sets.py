@@ -121,6 +121,33 @@ def test_the_check_fails_on_dirty_unknown_and_missing_recordings(tmp_path, monke
     assert any("no set is complete" in f and "h200 lacks routing_sort" in f for f in fails)
 
 
+def test_a_recording_read_from_every_gpu_that_holds_it_may_be_missing_yet(tmp_path, monkeypatch):
+    monkeypatch.delenv(sets.ENV, raising=False)
+    repo, first = _repo(tmp_path)
+    _set(repo / "results", "h200", "NVIDIA H200", "2026-01-01T00:00:00+00:00", commit=first)
+    (repo / "results" / "h100-80gb-hbm3").mkdir()
+    (repo / "results" / "h100-80gb-hbm3" / "decode_split.json").write_text(json.dumps(
+        _doc("decode_split", "NVIDIA H100 80GB HBM3", commit=first)))
+    (repo / "notebooks" / "10_y.ipynb").write_text(json.dumps({"cells": [
+        {"cell_type": "code", "source": ['for slug, doc in sets.recordings("disagg_ipc").items():'], "outputs": []}]}))
+    root = repo / "results"
+    assert sets.recordings("disagg_ipc", root) == {}
+    fails, lines = evidence.check(repo)
+    assert fails == [] and "10_y read 'disagg_ipc' from every GPU that recorded it: not recorded on a GPU yet" in lines
+    (root / "cpu").mkdir()
+    (root / "cpu" / "disagg_ipc.json").write_text(json.dumps(_doc("disagg_ipc", "cpu", commit=first)))
+    (root / "h200" / "disagg_ipc.json").write_text(json.dumps(_doc("disagg_ipc", "NVIDIA H200", commit=first)))
+    assert list(sets.recordings("disagg_ipc", root)) == ["h200"], "a CPU run never stands in for a GPU"
+    fails, lines = evidence.check(repo)
+    assert fails == [] and any(line.endswith("recorded it: results/h200/disagg_ipc.json") for line in lines)
+    with pytest.raises(ValueError, match="unknown recording"):
+        sets.recordings("nonesuch", root)
+    (repo / "notebooks" / "10_y.ipynb").write_text(json.dumps({"cells": [
+        {"cell_type": "code", "source": ['sets.recordings("nonesuch")'], "outputs": []}]}))
+    fails, _ = evidence.check(repo)
+    assert fails == ["10_y read 'nonesuch' from every GPU, but it is not in EXTRA_MEASURES"]
+
+
 def test_the_evidence_check_passes_on_this_checkout():
     top = evidence.repo()
     if top is None:

@@ -22,6 +22,9 @@ from dispatch_book.bench import results, sets
 
 # bench.load("name") / bench.load("name", gpu="h200") in a chapter's code cells
 _LOAD = re.compile(r"""\b(?:bench|results)\.load\(\s*["'](\w+)["']\s*(?:,\s*gpu\s*=\s*["']([^"']+)["'])?""")
+# sets.recordings("name"): the recording from every GPU that holds one (none may yet)
+_EACH = re.compile(r"""\bsets\.recordings\(\s*["'](\w+)["']""")
+EVERY_GPU = "*"
 
 
 def _git(repo: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
@@ -136,12 +139,15 @@ def stale_note(doc: dict) -> str | None:
 
 
 def reads(notebooks: pathlib.Path) -> dict[tuple[str, str | None], list[str]]:
-    """(name, gpu or None for the set) → the chapters whose code cells load that recording."""
+    """(name, gpu or None for the set, or :data:`EVERY_GPU` for ``sets.recordings``) → the chapters whose code
+    cells load that recording."""
     out: dict = {}
     for nb in sorted(notebooks.glob("*.ipynb")):
         for src in _code_cells(nb.read_text()):
             for name, gpu in _LOAD.findall(src):
                 out.setdefault((name, gpu or None), []).append(nb.stem)
+            for name in _EACH.findall(src):
+                out.setdefault((name, EVERY_GPU), []).append(nb.stem)
     return {k: sorted(set(v)) for k, v in out.items()}
 
 
@@ -153,6 +159,14 @@ def check(top: pathlib.Path, root: pathlib.Path | None = None) -> tuple[list[str
     lines.append(f"sets: {', '.join(f'{s} (complete)' if not sets.missing(s, root) else s for s in sets.slugs(root))}; "
                  f"the chapters read {default or 'no complete set'} by default")
     for (name, gpu), chapters in sorted(reads(top / "notebooks").items(), key=str):
+        if gpu == EVERY_GPU:
+            if name not in sets.EXTRA_MEASURES:
+                fails.append(f"{', '.join(chapters)} read {name!r} from every GPU, but it is not in EXTRA_MEASURES")
+                continue
+            have = [f"results/{s}/{name}.json" for s in sets.slugs(root) if (root / s / f"{name}.json").is_file()]
+            lines.append(f"{', '.join(chapters)} read {name!r} from every GPU that recorded it: "
+                         f"{', '.join(have) or 'not recorded on a GPU yet'}")
+            continue
         slug = results.gpu_slug(gpu) if gpu else default
         if gpu is None and name in sets.OPTIONAL:
             have = sets.optional_slug(name, root)

@@ -156,6 +156,13 @@ def optional_slug(name: str, root=None) -> str | None:
     return max(found)[1] if found else None
 
 
+def recordings(name: str, root=None) -> dict[str, dict]:
+    """slug → document of recording ``name`` (one outside the set, :data:`EXTRA_MEASURES`) on every GPU that
+    holds one: how a chapter reads a recording from whichever GPUs measured it; {} while none has."""
+    measured_paths(name)  # ValueError for a recording the book does not know
+    return {s: doc for s in slugs(root) if (doc := results.load(name, gpu=s, root=root)) is not None}
+
+
 def gpu_name(root=None) -> str:
     """The GPU of the set the chapters read, as the book names it ("H100 80GB HBM3", "H200")."""
     slug = current(root)
