@@ -77,3 +77,16 @@ def test_interference_and_the_crossover():
     synthetic = [{"layout": lay_, "prompt": 8, "rate": x, "tpot_p50": v} for x, c, d in
                  [(1, 1, 2), (2, 2, 1), (4, 3, 4), (8, 5, 4)] for lay_, v in (("colocated", c), ("disaggregated", d))]
     assert crossover(synthetic) == {8: 8}  # a win followed by a loss does not count
+
+
+def test_the_interference_scene_keeps_each_quantity_at_its_fastest_play(monkeypatch):
+    from dispatch_book import disagg_study
+
+    plays = iter([  # the second play ran while something else loaded the machine
+        {"decode_step_s": 0.008, "worst_gap_s": 0.015, "ttft_s": 0.015, "steps": [(0.015, 124)]},
+        {"decode_step_s": 0.020, "worst_gap_s": 0.016, "ttft_s": 0.030, "steps": [(0.030, 124)]},
+        {"decode_step_s": 0.009, "worst_gap_s": 0.025, "ttft_s": 0.016, "steps": [(0.016, 124)]}])
+    monkeypatch.setattr(disagg_study, "_interference_once", lambda *a: next(plays))
+    r = disagg_study.interference(None, [], [], budget=8, chunked=False, repeats=3)
+    assert r == {"decode_step_s": 0.008, "worst_gap_s": 0.015, "ttft_s": 0.015, "steps": [(0.015, 124)],
+                 "largest_step": 124}

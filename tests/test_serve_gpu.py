@@ -34,7 +34,7 @@ def same_greedy(ours, ref, margins, dtype):
 @pytest.mark.parametrize("NH,KV,D,BS", [(16, 16, 128, 16), (32, 4, 128, 16), (8, 2, 64, 32)])
 def test_paged_kernels_bf16(NH, KV, D, BS):
     g = torch.Generator(device="cuda").manual_seed(0)
-    NB, B, M = 300, 24, 16
+    NB, B, M = 512, 24, 16  # B·M = 384 distinct blocks of the NB
     kb = torch.randn(NB, BS, KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
     vb = torch.randn(NB, BS, KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
     table = torch.randperm(NB, device="cuda", generator=g)[:B * M].view(B, M).int()

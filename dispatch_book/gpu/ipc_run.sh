@@ -13,6 +13,6 @@ TOTAL_DEFAULT=150
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 timeout 90 python3 -m dispatch_book.bench disagg_ipc --out "$OUT/results" > "$OUT/bench.log" 2>&1
 tail -8 "$OUT/bench.log"
-timeout "$(left)" python3 -m pytest tests/test_disagg_ipc.py -q -p no:cacheprovider -rf > "$OUT/tests.log" 2>&1
+timeout "$(left)" python3 -m pytest -m gpu tests/test_disagg_ipc.py -q -p no:cacheprovider -rf > "$OUT/tests.log" 2>&1
 tail -12 "$OUT/tests.log"
 echo "total $(( $(date +%s) - start )) s"
