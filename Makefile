@@ -67,7 +67,7 @@ check-html: $(STAMP)
 # TEST_CPU_MIN: what the run costs in CPU time (measured: CONTRIBUTING.md lists the slowest tests),
 # to say up front how long it will take.
 TEST_WORKERS ?= auto
-TEST_CPU_MIN := 30
+TEST_CPU_MIN := 25
 test: $(STAMP)
 	@n=$$($(PY) -c "import os; print(len(os.sched_getaffinity(0)))"); w=$(TEST_WORKERS); [ "$$w" = auto ] && w=$$n; \
 	  [ "$$w" -gt 0 ] 2>/dev/null || w=1; [ "$$w" -gt "$$n" ] && w=$$n; \

@@ -1,4 +1,7 @@
 """Shared test settings: deterministic hypothesis runs, and skipping GPU tests without CUDA."""
+import dataclasses
+import functools
+import hashlib
 import os
 import tempfile
 
@@ -45,10 +48,58 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _fingerprint(obj):
+    """A hashable digest of a kernel call's argument: tensors by shape, dtype and bytes; dataclasses
+    (routes, quantized experts, configs) and sequences by their parts."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        raw = t.view(torch.uint8) if t.element_size() == 1 else t
+        return ("tensor", tuple(t.shape), str(t.dtype), hashlib.blake2b(raw.numpy().tobytes()).hexdigest())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return (type(obj).__name__,) + tuple((f.name, _fingerprint(getattr(obj, f.name)))
+                                             for f in dataclasses.fields(obj))
+    if isinstance(obj, (tuple, list)):
+        return tuple(_fingerprint(o) for o in obj)
+    if isinstance(obj, dict):
+        return tuple(sorted((k, _fingerprint(v)) for k, v in obj.items()))
+    hash(obj)  # anything else must be a hashable value (numbers, strings, flags, dtypes, None)
+    return obj
+
+
+_RUNS: dict = {}  # (kernel, its arguments' fingerprint) → output, for every test of the session
+
+
+def _memoised(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        key = (fn.__module__, fn.__name__, _fingerprint(args), _fingerprint(kwargs))
+        if key not in _RUNS:
+            _RUNS[key] = fn(*args, **kwargs)  # a call that raises is not kept: it raises again next time
+        out = _RUNS[key]
+        return out.clone() if isinstance(out, torch.Tensor) else out
+    return run
+
+
 @pytest.fixture
-def small_space(monkeypatch):
-    """The tuner's candidate spaces, interpreter-sized (the real ones are GPU tiles: slow under numpy);
-    for tests/test_tune*.py."""
+def kernel_runs(monkeypatch):
+    """The tuner's kernel calls memoised by their inputs (the kernels are deterministic): a config
+    that one descent (or test) already ran on the same case is not interpreted again. Every search
+    step still runs, checks and prices each candidate; a test that plants a wrong kernel wraps these."""
+    from dispatch.kernels import grouped_gemm
+    from dispatch.tune import quant_search, refine, search
+
+    for module, name in ((search, "moe_decode"), (refine, "moe_decode"), (refine, "moe_decode_quant"),
+                         (quant_search, "moe_decode_quant"), (quant_search, "moe_experts_quant"),
+                         (quant_search, "grouped_up_swiglu"), (quant_search, "grouped_down"),
+                         (grouped_gemm, "grouped_up_swiglu"), (grouped_gemm, "grouped_down"),
+                         (grouped_gemm, "moe_experts")):
+        monkeypatch.setattr(module, name, _memoised(getattr(module, name)))
+
+
+@pytest.fixture
+def small_space(monkeypatch, kernel_runs):
+    """The tuner's candidate spaces, interpreter-sized (the real ones are GPU tiles: slow under numpy),
+    their kernel runs memoised (``kernel_runs``); for tests/test_tune*.py."""
     from dispatch.tune import search
 
     tiles_ = ((32, 32, 4, 1), (16, 32, 4, 2), (32, 16, 4, 1))
