@@ -2,18 +2,17 @@
 the decode side's copies on a CPU stand-in (in-process queues, CPU tensors), the ipc pair on CPU
 (shared memory) answering as the co-located engine with every block back and a killed worker named,
 and on a GPU the same."""
-import os
 import queue
-import signal
 import time
 
 import pytest
 import torch
+from test_disagg import killed_worker_case
 
 from dispatch.kernels.block_copy import copy_blocks, copy_blocks_reference
 from dispatch.serve import EngineConfig, LLMEngine, RequestParams
 from dispatch.serve.blocks import BlockAllocator
-from dispatch.serve.disagg import DisaggConfig, Disaggregated, WorkerError
+from dispatch.serve.disagg import DisaggConfig, Disaggregated
 from dispatch.serve.handoff import HandoffMeta, handoff_plan
 from dispatch.serve.handoff_ipc import LinkTimeout, PoolReceiver, PoolSender, block_bytes
 
@@ -150,20 +149,7 @@ def test_cpu_ipc_pair_answers_as_the_co_located_engine_with_every_block_back():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU stand-in")
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 def test_a_killed_cpu_ipc_worker_is_named(victim):
-    d = Disaggregated(DisaggConfig(**ENGINE, backend="ipc", timeout_s=20))
-    try:
-        ids = [d.submit(list(range(1 + i, 9 + i)), RequestParams(max_tokens=110, ignore_eos=True)) for i in range(4)]
-        end = time.monotonic() + 30
-        while not d.requests[ids[0]].tokens and time.monotonic() < end:
-            d.poll(0.01)
-        os.kill(d.pid(victim), signal.SIGKILL)
-        d.wait(ids)
-        assert all(d.requests[i].finish_reason == "error" for i in ids)
-        assert f"the {victim} worker was killed by signal SIGKILL" in d.requests[ids[-1]].error
-        with pytest.raises(WorkerError, match=f"{victim} worker was killed"):
-            d.submit([1, 2], RequestParams())
-    finally:
-        d.close()
+    killed_worker_case(DisaggConfig(**ENGINE, backend="ipc", timeout_s=20), victim)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (both workers on it)")
@@ -198,19 +184,4 @@ def test_ipc_pair_on_one_gpu_answers_as_the_co_located_engine():
 @gpu
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 def test_a_killed_ipc_worker_is_named_and_requests_in_flight_get_an_error(victim):
-    d = Disaggregated(DisaggConfig(**ENGINE, backend="ipc", timeout_s=20))
-    try:
-        ids = [d.submit(list(range(1 + i, 9 + i)), RequestParams(max_tokens=110, ignore_eos=True)) for i in range(4)]
-        end = time.monotonic() + 30
-        while not d.requests[ids[0]].tokens and time.monotonic() < end:
-            d.poll(0.01)
-        os.kill(d.pid(victim), signal.SIGKILL)
-        t0 = time.monotonic()
-        d.wait(ids)
-        assert time.monotonic() - t0 < 10
-        assert all(d.requests[i].finish_reason == "error" for i in ids)
-        assert f"the {victim} worker was killed by signal SIGKILL" in d.requests[ids[-1]].error
-        with pytest.raises(WorkerError, match=f"{victim} worker was killed"):
-            d.submit([1, 2], RequestParams())
-    finally:
-        d.close()
+    killed_worker_case(DisaggConfig(**ENGINE, backend="ipc", timeout_s=20), victim, bound_s=10)
