@@ -151,14 +151,13 @@ def optional_slug(name: str, root=None) -> str | None:
     slug = current(root)
     if slug is not None and _root(root).joinpath(slug, f"{name}.json").is_file():
         return slug
-    found = [(json.loads(f.read_text()).get("date", ""), s) for s in slugs(root)
-             for f in [_root(root).joinpath(s, f"{name}.json")] if f.is_file()]
-    return max(found)[1] if found else None
+    found = recordings(name, root)
+    return max(found, key=lambda s: found[s]["date"]) if found else None
 
 
 def recordings(name: str, root=None) -> dict[str, dict]:
-    """slug → document of recording ``name`` (one outside the set, :data:`EXTRA_MEASURES`) on every GPU that
-    holds one: how a chapter reads a recording from whichever GPUs measured it; {} while none has."""
+    """slug → document of recording ``name`` (one outside the set: :data:`OPTIONAL`, :data:`EXTRA_MEASURES`) on
+    every GPU that holds one: how a chapter reads a recording from whichever GPUs measured it; {} while none has."""
     measured_paths(name)  # ValueError for a recording the book does not know
     return {s: doc for s in slugs(root) if (doc := results.load(name, gpu=s, root=root)) is not None}
 
