@@ -117,6 +117,11 @@ PRESETS = {
 }
 
 
+def demo_model() -> str:
+    """The model the demo runs: "demo" (``dispatch/assets/demo``) where it is committed, else "cpu"."""
+    return "demo" if (ASSETS / "demo").is_dir() else "cpu"
+
+
 def build_model(cfg: TrainConfig):
     """A freshly initialised ``OlmoeForCausalLM`` (seeded by ``cfg.seed``)."""
     from transformers import OlmoeConfig, OlmoeForCausalLM
