@@ -110,7 +110,7 @@ PRESETS = {
     # the demo model (dispatch/assets/demo): the cpu preset's data and tokenizer, ~12M parameters (~24 MB in
     # bf16), a 256-token context; 800 steps of 8192 tokens, ~5.5 epochs of the train split (about 2 min on an H100)
     "demo": TrainConfig(hidden_size=256, intermediate_size=128, num_layers=6, num_heads=8, num_experts=16, top_k=2,
-                        seq_len=256, batch_size=32, steps=800, lr=2e-3, warmup=60, threads=8),
+                        seq_len=256, batch_size=32, steps=800, lr=2e-3, warmup=60),
     "micro": TrainConfig(vocab_size=300, hidden_size=32, intermediate_size=16, num_layers=1, num_heads=2,
                          num_experts=4, top_k=2, seq_len=16, batch_size=4, steps=3, warmup=1, log_every=1,
                          eval_every=2, eval_tokens=128, final_eval_tokens=256, save_dtype="float32"),
