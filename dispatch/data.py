@@ -33,8 +33,10 @@ SPECIAL = "<|endoftext|>"  # separates files; id 0
 
 
 def stdlib_dir() -> pathlib.Path:
-    """Where this interpreter's standard library sources live."""
-    return pathlib.Path(sysconfig.get_paths()["stdlib"])
+    """Where this interpreter's standard library sources live, or the folder ``$DISPATCH_STDLIB`` names
+    (another Python's ``*.py`` files, copied: the corpus a checkpoint was trained on, on a machine
+    whose Python is another version)."""
+    return pathlib.Path(os.environ.get("DISPATCH_STDLIB") or sysconfig.get_paths()["stdlib"])
 
 
 def manifest(root: pathlib.Path | None = None) -> dict:

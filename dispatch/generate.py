@@ -5,7 +5,8 @@
     python -m dispatch.generate --model cpu --prompt "def " --quant int8
 
 ``--model cpu`` is the small OLMoE trained on Python's standard library that ships with the
-package (offline). Row 0 streams; with ``--batch B`` the other rows (the same prompt, sampled with
+package (offline); ``--model demo``, where it ships, a larger one (~12M parameters) on the same data,
+the default then. Row 0 streams; with ``--batch B`` the other rows (the same prompt, sampled with
 their own draws) are printed at the end. The last line gives prefill and decode tokens/s.
 
 On a CPU, ``--threads auto`` (the default) decodes a small model (under ``SMALL_MODEL_PARAMS``, as
@@ -57,7 +58,8 @@ def cpu_threads(model, requested: str | int = "auto") -> int:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dispatch.generate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="cpu", help="'cpu' (bundled checkpoint), a checkpoint folder or a hub id")
+    p.add_argument("--model", help="'cpu' or 'demo' (bundled checkpoints), a checkpoint folder or a hub id "
+                   "(default: 'demo' where it is bundled, else 'cpu')")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=1, help="rows generated at once (1-256)")
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None, out=None) -> dict:
     """Run the command; returns the timings (and the text of every row) as a dict."""
     from dispatch.engine import SamplingParams
     from dispatch.engine.quant import quantize, scheme_name
-    from dispatch.train import load
+    from dispatch.train import demo_model, load
 
     a = parse(argv)
     out = out or sys.stdout
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None, out=None) -> dict:
         raise SystemExit(f"dispatch.generate: --quant: {e}") from None
     threads = None if a.threads == "auto" else cpu_threads(None, a.threads)  # a bad number fails before loading
     try:
+        a.model = a.model or demo_model()
         loaded = load(a.model, device=a.device, dtype=a.dtype)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"dispatch.generate: --model {a.model}: {e}") from None

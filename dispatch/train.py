@@ -6,6 +6,12 @@ evaluation live in :mod:`dispatch.routertap` (``RouterTap``, ``evaluate``), whic
     python -m dispatch.train --preset cpu                   # ≤ 5 min on 2 cores → dispatch/assets/cpu
     python -m dispatch.train --preset study --balance bias --out DIR   # one run of the balancing study
     python -m dispatch.train --preset gpu --out DIR         # on a CUDA machine (the device is picked automatically)
+    python -m dispatch.train --preset demo --max-seconds 200 --out DIR   # the demo model, on one GPU
+
+On CUDA the forward and backward run under bf16 autocast (sm_80+; fp32 below), the weights and the
+optimizer in fp32. ``--max-seconds`` ends training after the step that crosses it (evaluations
+included; the learning-rate schedule stays the one of ``--steps``): the last step is then logged,
+evaluated and saved as the last of ``--steps`` would be.
 
 A checkpoint folder is written atomically (into a temporary folder beside it, then renamed) and
 carries ``hashes.json`` (SHA-256 of every file), which ``load`` verifies. ``--out`` refuses a path
@@ -67,6 +73,7 @@ class TrainConfig:
     eval_tokens: int = 8192
     final_eval_tokens: int = 65536
     save_dtype: str = "bfloat16"
+    max_seconds: float | None = None  # wall-clock cap on the training loop (None: all `steps`)
 
     def __post_init__(self):
         if self.balance not in ("none", "aux", "bias"):
@@ -84,6 +91,9 @@ class TrainConfig:
                     or (name == "lr" and v == 0):
                 raise ValueError(f"TrainConfig.{name} must be a finite number >= 0{' (> 0)' if name == 'lr' else ''}, "
                                  f"got {v!r}")
+        s = self.max_seconds
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0):
+            raise ValueError(f"TrainConfig.max_seconds must be None or a finite number > 0, got {s!r}")
 
 
 PRESETS = {
@@ -97,10 +107,19 @@ PRESETS = {
     # at half the width (0.4M parameters, 0.8 MB in bf16); shipped beside it (dispatch/assets/draft)
     "draft": TrainConfig(hidden_size=64, intermediate_size=32, num_layers=2, num_heads=2, num_experts=8, top_k=2,
                          steps=600),
+    # the demo model (dispatch/assets/demo): the cpu preset's data and tokenizer, ~12M parameters (~24 MB in
+    # bf16), a 256-token context; 800 steps of 8192 tokens, ~5.5 epochs of the train split (about 2 min on an H100)
+    "demo": TrainConfig(hidden_size=256, intermediate_size=128, num_layers=6, num_heads=8, num_experts=16, top_k=2,
+                        seq_len=256, batch_size=32, steps=800, lr=2e-3, warmup=60),
     "micro": TrainConfig(vocab_size=300, hidden_size=32, intermediate_size=16, num_layers=1, num_heads=2,
                          num_experts=4, top_k=2, seq_len=16, batch_size=4, steps=3, warmup=1, log_every=1,
                          eval_every=2, eval_tokens=128, final_eval_tokens=256, save_dtype="float32"),
 }
+
+
+def demo_model() -> str:
+    """The model the demo runs: "demo" (``dispatch/assets/demo``) where it is committed, else "cpu"."""
+    return "demo" if (ASSETS / "demo").is_dir() else "cpu"
 
 
 def build_model(cfg: TrainConfig):
@@ -148,11 +167,12 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
     curves = {k: [] for k in ("step", "loss", "imbalance", "cv", "eval_step", "eval_ppl")}
     window = torch.zeros(cfg.num_layers, cfg.num_experts, dtype=torch.int64)
     losses = []
+    bf16 = runtime.compute_dtype(dev) == torch.bfloat16  # autocast on sm_80+ GPUs only (fp16 would need a scaler)
     t0 = time.time()
     bar = tqdm(range(1, cfg.steps + 1), disable=not progress, desc=f"train {cfg.balance}")
     for step in bar:
         x = next(batches).to(dev)
-        with RouterTap(model, bias_LE=bias_LE) as tap:
+        with RouterTap(model, bias_LE=bias_LE) as tap, torch.autocast(dev.type, torch.bfloat16, enabled=bf16):
             logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
         ce = loss.detach().item()
@@ -173,7 +193,8 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
                 bias_LE[layer] = balance.update_bias(bias_LE[layer], tap.counts_LE[layer], cfg.bias_rate)
         window += tap.counts_LE
         losses.append(ce)
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        last = step == cfg.steps or (cfg.max_seconds is not None and time.time() - t0 >= cfg.max_seconds)
+        if step % cfg.log_every == 0 or last:
             imb, cv = _imbalance(window)
             curves["step"].append(step)
             curves["loss"].append(round(sum(losses) / len(losses), 4))
@@ -182,11 +203,15 @@ def train(cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor, *, p
             window.zero_()
             losses = []
             bar.set_postfix(loss=curves["loss"][-1], imbalance=curves["imbalance"][-1])
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        if step % cfg.eval_every == 0 or last:
             curves["eval_step"].append(step)
             curves["eval_ppl"].append(round(evaluate(model, val_win, bias_LE=bias_LE)["ppl"], 3))
+        if last:
+            break
+    bar.close()
     seconds = time.time() - t0
-    log = {"config": dataclasses.asdict(cfg), "train_seconds": round(seconds, 1), "curves": curves}
+    log = {"config": dataclasses.asdict(cfg), "train_seconds": round(seconds, 1), "steps_done": step,
+           "curves": curves}
     return model, bias_LE, log
 
 
@@ -305,13 +330,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--threads", type=int, help="torch threads (1 is faster on a busy 2-core machine)")
+    p.add_argument("--max-seconds", type=float, help="end training after the step that crosses this many seconds")
     p.add_argument("--out", type=pathlib.Path, help="checkpoint folder (default: the package's assets/<preset>)")
     p.add_argument("--force", action="store_true", help="replace whatever is at --out (a file, a folder that is "
                    "not a checkpoint): by default only a checkpoint written here is replaced")
     a = p.parse_args(argv)
     over = {k: v for k, v in {"balance": a.balance, "aux_coef": a.aux_coef, "z_coef": a.z_coef,
                               "bias_rate": a.bias_rate, "steps": a.steps, "seed": a.seed,
-                              "threads": a.threads}.items() if v is not None}
+                              "threads": a.threads, "max_seconds": a.max_seconds}.items() if v is not None}
     try:
         cfg = dataclasses.replace(PRESETS[a.preset], **over)
     except ValueError as e:
@@ -323,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     except (FileExistsError, FloatingPointError) as e:
         raise SystemExit(f"dispatch.train: {e}") from None
     print(f"{out}: val ppl {log['final']['val_ppl']} (unigram {log['unigram_ppl']}), "
-          f"imbalance {log['final']['imbalance']}, {log['train_seconds']} s")
+          f"imbalance {log['final']['imbalance']}, {log['steps_done']} steps in {log['train_seconds']} s")
 
 
 if __name__ == "__main__":

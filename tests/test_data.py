@@ -35,6 +35,12 @@ def test_manifest_of_this_python():
     assert 0 < sum(f["split"] == "val" for f in m["files"]) < len(m["files"]) // 5
 
 
+def test_dispatch_stdlib_names_the_corpus_folder(corpus, monkeypatch):
+    monkeypatch.setenv("DISPATCH_STDLIB", str(corpus))
+    assert data.stdlib_dir() == corpus and data.manifest()["hash"] == data.manifest(corpus)["hash"]
+    assert len(data.split_texts("val")) == 1
+
+
 def test_manifest_rejects_empty(tmp_path):
     with pytest.raises(ValueError, match=r"\*\.py"):
         data.manifest(tmp_path)

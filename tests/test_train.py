@@ -126,9 +126,19 @@ def test_smoke_train_save_load(tmp_path, mode):
         assert back.bias_LE is None
 
 
+def test_max_seconds_ends_training_after_the_step_that_crosses_it():
+    cfg = dataclasses.replace(MICRO, steps=50, threads=1, max_seconds=1e-9)
+    ids = torch.randint(1, cfg.vocab_size, (2000,), generator=torch.Generator().manual_seed(0))
+    _, _, log = train.train(cfg, ids[:1500], ids[1500:], progress=False)
+    assert log["steps_done"] == 1 and log["curves"]["step"] == [1] and log["curves"]["eval_step"] == [1]
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="balance"):
         dataclasses.replace(MICRO, balance="magic")
+    for bad in (0, -1.0, float("inf"), True, "10"):
+        with pytest.raises(ValueError, match="max_seconds"):
+            dataclasses.replace(MICRO, max_seconds=bad)
     with pytest.raises(ValueError, match="top_k"):
         dataclasses.replace(MICRO, top_k=9)
 
@@ -195,10 +205,13 @@ def test_load_refuses_flipped_bytes(checkpoint_dir, tmp_path):
         train.load(dest, device="cpu")
 
 
-def test_committed_checkpoint_verifies():
+@pytest.mark.parametrize("name", ["cpu", "draft", "demo"])
+def test_committed_checkpoint_verifies(name):
     from dispatch import checkpoint
 
-    checkpoint.verify(train.ASSETS / "cpu")
+    if name == "demo" and not (train.ASSETS / name).is_dir():
+        pytest.skip("no demo model committed (dispatch_book/gpu/demo_train.sh trains it)")
+    assert checkpoint.verify(train.ASSETS / name, strict=True)
 
 
 @pytest.mark.parametrize("source", ["/no/such/checkpoint", "./runs/missing", "a/b/c", "~/nothing-here"])
@@ -225,7 +238,7 @@ def test_cli_documents_only_flags_that_exist():
 
     flags = set(re.findall(r"(--[a-z][a-z-]*)", train.__doc__))
     parser_flags = {"--preset", "--balance", "--aux-coef", "--z-coef", "--bias-rate", "--steps", "--seed",
-                    "--threads", "--out", "--force"}
+                    "--threads", "--max-seconds", "--out", "--force"}
     assert flags <= parser_flags, flags - parser_flags
     with pytest.raises(SystemExit):
         train.main(["--device", "cuda"])
