@@ -162,8 +162,9 @@ def test_refuses_what_it_does_not_cover():
 @pytest.mark.slow
 def test_rows_alone_and_together_T_1_to_64():
     # One layer: every kernel of the step runs at every T; a second layer would repeat them on the same
-    # shapes (its input rows are the first layer's, bitwise the alone ones when the claim holds).
-    _, model = tiny_model("olmoe", num_hidden_layers=1)
+    # shapes (its input rows are the first layer's, bitwise the alone ones when the claim holds). Two
+    # query heads on one KV head (still grouped-query): heads are programs of their own, like rows.
+    _, model = tiny_model("olmoe", num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
     lean = LeanModel.from_hf(model, batch_invariant=True)
     rows = invariance(lean, range(1, 65), seed=7, cache_len=24, prompt_lens=(2, 8))
     assert [r["equal"] for r in rows] == list(range(1, 65))

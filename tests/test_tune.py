@@ -125,7 +125,7 @@ def test_spaces_fit_and_compile_jobs_cover_them(monkeypatch):
 
 
 def test_precompile_workers(small_space):
-    """Spawned workers import the package, run every variant of a job once and report failures."""
+    """A spawned worker imports the package, runs every variant of each job once and reports failures."""
     from dispatch.tune.compile import precompile
 
     jobs = compile_jobs(["tiny"], (1, 8), torch.device("cpu"))
@@ -135,7 +135,7 @@ def test_precompile_workers(small_space):
     jobs += [("tiny", 16, "up:fp8-channel", [w8a8]), ("tiny", 16, "down:fp8-channel", [w8a8])]
     assert {j[2] for j in jobs} == {"decode", "up", "down", "decode:int8-group128", "up:fp8-channel",
                                     "down:fp8-channel"}
-    assert precompile(jobs, workers=2, log=lambda s: None) == []
+    assert precompile(jobs, workers=1, log=lambda s: None) == []  # one spawned worker takes every job
 
 
 def test_compile_workers_fit_the_device_memory():
