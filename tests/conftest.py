@@ -29,7 +29,12 @@ settings.load_profile(os.environ.get("DISPATCH_HYPOTHESIS", "ci"))
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, _cores // _WORKERS))
+    _threads = str(max(1, _cores // _WORKERS))
+    torch.set_num_threads(int(_threads))
+    # the processes a worker starts (nbval's notebook kernels, servers, spawned workers) import torch
+    # afresh: the same share for them, through the variables OpenMP and MKL read at start-up
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _threads)
 
 
 def pytest_configure(config):
