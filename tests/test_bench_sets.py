@@ -208,6 +208,29 @@ def test_record_reuses_a_step_whose_code_did_not_change_only_when_asked(tmp_path
     assert not record.done(step, folder, later, reuse_fresh=True), "what it measured changed since"
 
 
+def test_a_later_layers_race_keeps_the_fresh_rows_of_earlier_layers_and_replaces_stale_ones(tmp_path, monkeypatch):
+    repo, first = _repo(tmp_path)
+    monkeypatch.setattr(evidence, "repo", lambda: repo)
+    (repo / "notes.txt").write_text("unrelated\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "unrelated")
+    later = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    race = next(s for s in record.PLAN if s.name == "kernels:mixtral-8x7b")
+    older = _doc("kernels", "NVIDIA H200", commit=first)
+    assert record.keeps(race, _doc("kernels", "NVIDIA H200", commit=later), later), "its own commit"
+    assert record.keeps(race, older, later), "nothing the race measures changed since: kept, merged into"
+    assert not record.keeps(race, {**older, "git_commit": first + "+dirty"}, later), "a dirty run is replaced"
+    routing = next(s for s in record.PLAN if s.name == "routing_sort")
+    assert not record.keeps(routing, _doc("routing_sort", "NVIDIA H200", commit=first), later), \
+        "a step that does not merge replaces a recording of another commit"
+    monkeypatch.setattr(evidence, "repo", lambda: None)
+    assert record.keeps(race, older, later), "no checkout (a GPU machine's copy): kept; the evidence check decides"
+    monkeypatch.setattr(evidence, "repo", lambda: repo)
+    (repo / "dispatch" / "kernels" / "routing.py").write_text("x = 3\n")
+    _git(repo, "commit", "-qam", "kernels changed")
+    assert not record.keeps(race, older, later), "what the earlier run measured changed since: replaced"
+
+
 def test_a_docstring_or_comment_changes_nothing_measured(tmp_path):
     repo, first = _repo(tmp_path)
     (repo / "dispatch" / "kernels" / "routing.py").write_text('"""Routing."""\n# why\nx = 1\n')

@@ -89,6 +89,24 @@ def done(step: Step, folder: pathlib.Path, commit: str, reuse_fresh: bool = Fals
     return evidence.changed(entry["git_commit"], paths) == ()
 
 
+def keeps(step: Step, doc: dict, commit: str) -> bool:
+    """Whether ``step``, run at ``commit``, adds to the recording ``doc`` rather than replacing it. A step
+    that merges (the kernels race, one layer a step) keeps the runs of other commits while nothing they
+    measured has changed since: a later layer's step must not erase the earlier layers' fresh rows. Where
+    this is no git checkout (a GPU machine gets a copy of the tree) freshness cannot be told here, so the
+    runs are kept and the evidence check, on the checkout, names any that turned stale. Any other step's
+    recording of another commit is replaced."""
+    others = [p["git_commit"] for p in doc.get("parts") or [doc] if p["git_commit"] != commit]
+    if not others:
+        return True
+    if "--merge" not in step.argv or any(c.endswith("+dirty") for c in others):
+        return False
+    from dispatch_book.bench import evidence
+
+    paths = sets.measured_paths(doc.get("benchmark") or step.files[0])
+    return all(evidence.changed(c.removesuffix("+dirty"), paths) in ((), None) for c in dict.fromkeys(others))
+
+
 def expected_s(step: Step, folder: pathlib.Path) -> float:
     """The step's seconds in this GPU's last record, else the plan's guess; a run stopped at its time
     limit (exit 124) needed more than it had: half as much again, and never less than the guess."""
@@ -168,9 +186,9 @@ def main(argv: list[str] | None = None) -> None:
         if expected_s(s, folder) > left:
             print(f"stop: {s.name} needs ~{expected_s(s, folder):.0f} s, {left:.0f} s left", flush=True)
             break
-        for name in s.files:  # a recording of another commit is replaced, never merged into
+        for name in s.files:
             doc = _doc(folder, name)
-            if doc and any(p["git_commit"] != commit for p in doc.get("parts") or [doc]):
+            if doc and not keeps(s, doc, commit):
                 (folder / f"{name}.json").unlink()
         print(f"== {s.name} ({left:.0f} s left)", flush=True)
         t_step = time.time()
