@@ -11,7 +11,10 @@ seconds in this GPU's record log, else :data:`PLAN`'s guess)
 fits what is left of ``--budget-s``; a step that runs past the budget is stopped, and the suites save
 after every row or shape, so what they measured is kept. Refuses a tree with uncommitted changes and
 records the full commit (``DISPATCH_GIT_COMMIT`` where the tree was copied without ``.git``).
-``--with-tests LOG`` runs the ``-m gpu`` tests beside the book step (neither is a timing).
+``--with-tests LOG`` runs the ``-m gpu`` tests beside the book step (neither is a timing). A set may
+span commits where the GPU comes in pieces: ``--reuse-fresh`` (on a git checkout) counts a step done from
+an earlier commit when nothing it measures changed since, and the kernels race, one layer a step, merges
+into the runs of earlier commits while they stay fresh (:func:`keeps`); ``make evidence`` checks each run.
 """
 from __future__ import annotations
 
