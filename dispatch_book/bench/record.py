@@ -86,10 +86,15 @@ def done(step: Step, folder: pathlib.Path, commit: str, reuse_fresh: bool = Fals
         return True
     if not reuse_fresh:
         return False
+    return _changed_since(step, entry["git_commit"]) == ()
+
+
+def _changed_since(step: Step, commit: str) -> tuple[str, ...] | None:
+    """What changed since ``commit`` in the code ``step``'s recordings measure (None: no git checkout, or
+    ``commit`` is not in it)."""
     from dispatch_book.bench import evidence
 
-    paths = tuple(dict.fromkeys(p for n in step.files for p in sets.measured_paths(n)))
-    return evidence.changed(entry["git_commit"], paths) == ()
+    return evidence.changed(commit, tuple(dict.fromkeys(p for n in step.files for p in sets.measured_paths(n))))
 
 
 def keeps(step: Step, doc: dict, commit: str) -> bool:
@@ -104,10 +109,7 @@ def keeps(step: Step, doc: dict, commit: str) -> bool:
         return True
     if "--merge" not in step.argv or any(c.endswith("+dirty") for c in others):
         return False
-    from dispatch_book.bench import evidence
-
-    paths = sets.measured_paths(doc.get("benchmark") or step.files[0])
-    return all(evidence.changed(c.removesuffix("+dirty"), paths) in ((), None) for c in dict.fromkeys(others))
+    return all(_changed_since(step, c) in ((), None) for c in dict.fromkeys(others))
 
 
 def expected_s(step: Step, folder: pathlib.Path) -> float:
