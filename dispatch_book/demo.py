@@ -128,6 +128,7 @@ def measure(model: str = "cpu", count: int = 50, temperature: float = 0.5, top_p
     import torch
 
     from dispatch.engine import Engine, SamplingParams
+    from dispatch.generate import cpu_threads
     from dispatch.train import load
 
     loaded = load(model, device=device)
@@ -137,7 +138,7 @@ def measure(model: str = "cpu", count: int = 50, temperature: float = 0.5, top_p
     longest = max(len(ids) for ids, _ in items)
     eos = loaded.model.generation_config.eos_token_id
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a small model decodes fastest on one thread (dispatch.generate.cpu_threads)
+    torch.set_num_threads(cpu_threads(loaded.model))  # the thread count dispatch.generate decodes with
     try:
         eng = Engine(loaded.model, max_batch=count, max_seq=longest + NEW_TOKENS, graphs=False)
         ids = [i for i, _ in items]
