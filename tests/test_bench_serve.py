@@ -85,3 +85,27 @@ def test_suite_on_cpu(tmp_path):
     rel = by[("reliability", "ours")]
     assert rel["blocks_held_after"] == 0 and not rel["problems"] and not rel["differ_alone"]
     assert not any(int(s) >= 500 for s in rel["statuses"])
+
+
+def test_live_run_is_bounded():
+    """Chapter 8's live run on a machine without a recording ends within its budget: what overran is a row
+    that says so (with every thread's stack), not a hang; transformers' run alone is bounded too."""
+    pytest.importorskip("aiohttp")
+    import time
+
+    from dispatch.train import load
+    from dispatch_book.bench import serve_live, serve_peers
+
+    ck = load("cpu")
+    reqs = serve_load.workload(3, (4, 8), (4, 8), ck.model.config.vocab_size, 0)
+    with pytest.raises(TimeoutError, match="after 0 s"):
+        serve_peers.hf_cb(ck.model, reqs, warmup=False, timeout_s=1e-3)
+    t0 = time.perf_counter()
+    rows = serve_live.live(ck, n=3, prompt=(4, 8), output=(4, 8), rates=(64.0,), budget_s=1e-3)
+    assert time.perf_counter() - t0 < 120
+    by = {(r["part"], r["contestant"]): r for r in rows}
+    assert by[("offline", "ours")]["output_tokens"] == sum(r.max_tokens for r in reqs)
+    hf = by[("offline", "hf_cb")]
+    assert hf["did_not_run"].startswith("TimeoutError") and "MainThread" in hf["stacks"]
+    online = by[("online", "ours")]  # one second per request at least: 3 tiny requests finish in it
+    assert online.get("completed") == 3 or "budget" in online["did_not_run"]

@@ -70,7 +70,8 @@ def static(lean, reqs, *, batch: int) -> dict:
 
 
 def hf_cb(model, reqs, *, max_batch_tokens: int | None = None, timeout_s: float = 600, warmup: bool = True) -> dict:
-    """transformers' continuous batching, one request per prompt with its own max_new_tokens."""
+    """transformers' continuous batching, one request per prompt with its own max_new_tokens: TimeoutError
+    when the warm-up request and the run together take over ``timeout_s``."""
     from transformers import GenerationConfig
 
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(r.max_tokens for r in reqs), eos_token_id=-1,
@@ -82,10 +83,13 @@ def hf_cb(model, reqs, *, max_batch_tokens: int | None = None, timeout_s: float 
         kw["continuous_batching_config"] = ContinuousBatchingConfig(max_batch_tokens=max_batch_tokens)
     with torch.no_grad(), model.continuous_batching_context_manager(generation_config=gen, block=True, timeout=30,
                                                                     warmup=warmup, **kw) as manager:
+        t0 = time.perf_counter()
         ids = [manager.add_request(reqs[0].prompt, max_new_tokens=4, eos_token_id=-1)]  # warm-up
         while manager.get_result(timeout=1) is None and manager.is_running():
-            pass
+            if time.perf_counter() - t0 > timeout_s:
+                raise TimeoutError(f"the warm-up request was not done after {timeout_s:.0f} s")
         _sync(model.device)
+        timeout_s -= time.perf_counter() - t0  # one budget for the warm-up and the run
         t0 = time.perf_counter()
         ids = [manager.add_request(r.prompt, max_new_tokens=r.max_tokens, eos_token_id=-1) for r in reqs]
         done, n = set(), 0
