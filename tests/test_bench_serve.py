@@ -98,8 +98,8 @@ def test_live_run_is_bounded():
 
     ck = load("cpu")
     reqs = serve_load.workload(3, (4, 8), (4, 8), ck.model.config.vocab_size, 0)
-    with pytest.raises(TimeoutError, match="after 0 s"):
-        serve_peers.hf_cb(ck.model, reqs, warmup=False, timeout_s=1e-3)
+    with pytest.raises(TimeoutError, match="(after|within) 0 s"):
+        serve_peers.hf_cb(ck.model, reqs, warmup=False, timeout_s=1e-3, cache_tokens=1024)
     t0 = time.perf_counter()
     rows = serve_live.live(ck, n=3, prompt=(4, 8), output=(4, 8), rates=(64.0,), budget_s=1e-3)
     assert time.perf_counter() - t0 < 120
@@ -107,5 +107,5 @@ def test_live_run_is_bounded():
     assert by[("offline", "ours")]["output_tokens"] == sum(r.max_tokens for r in reqs)
     hf = by[("offline", "hf_cb")]
     assert hf["did_not_run"].startswith("TimeoutError") and "MainThread" in hf["stacks"]
-    online = by[("online", "ours")]  # one second per request at least: 3 tiny requests finish in it
+    online = by[("online", "ours")]  # a second per request at least: 3 tiny requests finish in it
     assert online.get("completed") == 3 or "budget" in online["did_not_run"]

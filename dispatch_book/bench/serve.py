@@ -162,9 +162,19 @@ def offline_row(name: str, model, lean, reqs, a) -> dict:
     if name == "hf_cb_dispatch":
         use_dispatch_experts(model)
     try:
-        return serve_peers.hf_cb(model, reqs, warmup=runtime.HAS_CUDA, timeout_s=a.budget_s)
+        return serve_peers.hf_cb(model, reqs, warmup=runtime.HAS_CUDA, timeout_s=a.budget_s,
+                                 cache_tokens=cpu_cache_tokens(model, a))
     finally:
         model.set_experts_implementation(default)
+
+
+def cpu_cache_tokens(model, a) -> int | None:
+    """On a CPU, transformers' KV cache gets ours' size there (every running sequence at the full context):
+    left to itself it takes most of the host's RAM (14 GB of a 24 GiB machine for the shipped model). On a
+    GPU, None: each engine sizes its cache from free memory, as a user gets it."""
+    if runtime.HAS_CUDA:
+        return None
+    return a.max_seqs * getattr(model.config, "max_position_embeddings", 2048)
 
 
 def save_folder(model, tok) -> str:
@@ -240,7 +250,7 @@ def main(argv=None) -> None:
     register()
     model, tok, what = build_model()
     lean = LeanModel.from_hf(model)
-    V = model.config.vocab_size
+    V, cpu_cache = model.config.vocab_size, cpu_cache_tokens(model, a)
     extra.update(model=what, dtype=str(lean.dtype))
     if "step" in parts:
         for r in step_rows(lean, [int(b) for b in a.step_batches.split(",")], a.step_context):
@@ -274,6 +284,7 @@ def main(argv=None) -> None:
     for kind in servers:
         try:
             with serve_online.server(kind, folder, max_seqs=a.max_seqs, max_step_tokens=a.max_step_tokens,
+                                     cache_tokens=cpu_cache,
                                      log_path=os.path.join(tempfile.gettempdir(), f"serve-{kind}.log")) as (url, n):
                 if "online" in parts and kind in names:
                     for r in serve_online.sweep(kind, url, n, online, rates, slo_ttft_s=a.slo_ttft_ms / 1e3,

@@ -37,7 +37,10 @@ def live(loaded, *, n: int = 24, prompt=(4, 40), output=(4, 40), rates=(2.0, 8.0
                                 num_blocks=num_blocks)},
             {"part": "offline", "contestant": "static", **serve_peers.static(lean, reqs, batch=static_batch)}]
     try:
-        hf = serve_peers.hf_cb(model, reqs, warmup=False, timeout_s=_left(deadline))
+        # the same budgets as ours, tokens per step and KV-cache slots (left to itself, transformers
+        # sizes its cache from free memory: on a CPU, most of the host's RAM)
+        hf = serve_peers.hf_cb(model, reqs, warmup=False, timeout_s=_left(deadline, 0.0),
+                               max_batch_tokens=max_step_tokens, cache_tokens=num_blocks * EngineConfig.block_size)
     except (TimeoutError, RuntimeError) as e:
         hf = {"did_not_run": f"{type(e).__name__}: {e}", "stacks": stacks()}
     rows.append({"part": "offline", "contestant": "hf_cb", **hf})
@@ -61,9 +64,9 @@ def live(loaded, *, n: int = 24, prompt=(4, 40), output=(4, 40), rates=(2.0, 8.0
     return rows
 
 
-def _left(deadline: float) -> float:
-    """Seconds to the deadline, at least 1 (a late phase still starts, and fails fast)."""
-    return max(1.0, deadline - time.perf_counter())
+def _left(deadline: float, floor: float = 1.0) -> float:
+    """Seconds to the deadline, at least ``floor`` (a late request still gets sent, and fails fast)."""
+    return max(floor, deadline - time.perf_counter())
 
 
 def _run(coro, timeout: float):

@@ -36,24 +36,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _command(kind: str, folder: str, port: int, *, max_seqs: int, max_step_tokens: int) -> list[str]:
+def _command(kind: str, folder: str, port: int, *, max_seqs: int, max_step_tokens: int,
+             cache_tokens: int | None = None) -> list[str]:
     if kind == "ours":
         return [sys.executable, "-m", "dispatch.serve", "--model", folder, "--served-model-name", "model",
                 "--port", str(port), "--max-seqs", str(max_seqs), "--max-step-tokens", str(max_step_tokens),
                 "--max-waiting", "100000"]
     if kind == "hf_serve":
         return [sys.executable, "-m", "transformers.cli.transformers", "serve", folder, "--continuous-batching",
-                "--host", "127.0.0.1", "--port", str(port), "--cb-max-batch-tokens", str(max_step_tokens)]
+                "--host", "127.0.0.1", "--port", str(port), "--cb-max-batch-tokens", str(max_step_tokens),
+                *(() if cache_tokens is None else ("--cb-num-blocks", str(cb_blocks(cache_tokens))))]
     raise ValueError(f"no server kind {kind!r}")
+
+
+def cb_blocks(cache_tokens: int) -> int:
+    """transformers' continuous-batching blocks that hold ``cache_tokens`` tokens (of its default page size)."""
+    from transformers import ContinuousBatchingConfig
+
+    return -(-cache_tokens // ContinuousBatchingConfig().page_size)
 
 
 @contextlib.contextmanager
 def server(kind: str, folder: str, *, max_seqs: int = 256, max_step_tokens: int = 2048, start_s: float = 180,
-           log_path: str | None = None):
+           log_path: str | None = None, cache_tokens: int | None = None):
     """A server process on 127.0.0.1; yields (url, model name to ask for). Stopped (SIGTERM, then
-    SIGKILL) on exit."""
+    SIGKILL) on exit. ``cache_tokens`` bounds transformers' KV cache (None: it sizes it from free memory)."""
     port = free_port()
-    cmd = _command(kind, folder, port, max_seqs=max_seqs, max_step_tokens=max_step_tokens)
+    cmd = _command(kind, folder, port, max_seqs=max_seqs, max_step_tokens=max_step_tokens, cache_tokens=cache_tokens)
     log = open(log_path or os.devnull, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url, name = f"http://127.0.0.1:{port}", "model" if kind == "ours" else folder
