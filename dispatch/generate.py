@@ -21,6 +21,15 @@ codes in plain PyTorch — the same numbers the kernels compute, not their speed
 A prompt that fills the model's context (``max_position_embeddings``) is refused; one that leaves
 less room than ``--max-new-tokens`` generates up to the context, with a warning (transformers warns
 the same way, then runs past it).
+
+**Token healing** (on unless ``--no-heal``; transformers' ``generate(token_healing=True)``, from
+Microsoft's guidance library): a prompt typed by hand often ends inside what the tokenizer would
+have made one token. ``def main(`` encodes as ``def``, `` main``, ``(``, but byte-pair encoding
+merges ``():`` into one token, so in training a lone ``(`` token was almost always followed by an
+argument, and the model continues ``def main(file, file=file, …``. Healing backs the prompt up by its
+last token and lets the first new token be any token that starts with that token's text (``(``,
+``():``, ``(*``, …), chosen as the rest are (greedy or sampled); the text then continues the prompt
+as typed, and the model reads ``def main():`` tokenized as it was in training. :func:`heal`.
 """
 from __future__ import annotations
 
@@ -71,6 +80,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-graphs", action="store_true", help="run the decode step eagerly on CUDA")
     p.add_argument("--threads", default="auto", help="torch threads on CPU: auto (1 for a small model) or a number")
     p.add_argument("--quant", default=None, help="quantize the experts: int8 | fp8 | a dispatch.quant scheme")
+    p.add_argument("--no-heal", action="store_true", help="keep the prompt's last token (no token healing)")
     a = p.parse_args(argv)
     if a.max_new_tokens < 1:
         p.error(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
@@ -130,8 +140,43 @@ def main(argv: list[str] | None = None, out=None) -> dict:
         torch.set_num_threads(before)  # main() is also called from Python: leave the process as it was
 
 
+def heal(last_logits, tok, ids: list[int], params, rows: int = 1) -> tuple[list[list[int]], str] | None:
+    """Token healing (module docstring): ``ids`` backed up by its last token, plus one first token per
+    row that starts with that token's text, chosen by ``params`` (greedy: the most likely; sampled: a draw,
+    seeded by ``params.seed``) → (the rows' prompts, the text backed up); None when there is nothing to
+    heal (a one-token prompt, or no other token starts with the last one's text). ``last_logits(prefix)``:
+    the model's logits [V] after the token ids ``prefix``."""
+    import torch
+
+    from dispatch.engine.sampling import sample
+
+    tail = tok.decode(ids[-1:])
+    if len(ids) < 2 or not tail or "\ufffd" in tail:
+        return None
+    special = set(getattr(tok, "all_special_ids", ()))
+    texts = tok.batch_decode([[i] for i in range(len(tok))])
+    fits = [i for i, t in enumerate(texts) if t.startswith(tail) and i not in special]
+    if len(fits) < 2:
+        return None
+    logits = last_logits(ids[:-1]).float()
+    masked = torch.full_like(logits, float("-inf"))
+    masked[fits] = logits[fits]
+    if params.greedy:
+        first = sample(masked[None]).expand(rows)
+    else:
+        dev = logits.device
+        g = torch.Generator(dev).manual_seed(params.seed)
+        t, p = torch.tensor(params.temperature, device=dev), torch.tensor(params.top_p, device=dev)
+        first = sample(masked.expand(rows, -1), t, p, generator=g)
+    return [ids[:-1] + [f] for f in first.tolist()], tail
+
+
 def _generate(a, loaded, scheme, params, out, threads) -> dict:
-    from dispatch.engine import Engine
+    import time
+
+    import torch
+
+    from dispatch.engine import Engine, Generation
 
     tok = loaded.tokenizer
     ids = tok(a.prompt)["input_ids"]
@@ -146,13 +191,27 @@ def _generate(a, loaded, scheme, params, out, threads) -> dict:
     stop = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
     eng = Engine(loaded.model, max_batch=a.batch, max_seq=len(ids) + new_tokens,
                  graphs=False if a.no_graphs else None)
+
+    def last_logits(prefix: list[int]):  # the engine's own forward (its experts, quantized or not)
+        x = torch.tensor([prefix], device=eng.dev)
+        with torch.no_grad():
+            return eng.model(x, torch.arange(len(prefix), device=eng.dev)[None],
+                             eng.model.new_cache(1, len(prefix)), prefill=True)[0, -1]
+
+    t0 = time.perf_counter()
+    healed = None if a.no_heal else heal(last_logits, tok, ids, params, a.batch)
+    heal_s = time.perf_counter() - t0
+    prompts, tail = healed or ([ids] * a.batch, "")
+    firsts = [p[-1] for p in prompts] if healed else [None] * a.batch  # new tokens before the engine's
     out.write(a.prompt)
+    row0 = [firsts[0]] if healed else []
+    shown = tok.decode(row0, skip_special_tokens=True)
+    out.write(shown[len(tail):])
     out.flush()
-    shown, row0 = "", []
 
     def on_token(new):
         nonlocal shown
-        if new[0] is None:
+        if new[0] is None or firsts[0] in stop:  # a healed first token that ends the text
             return
         row0.append(new[0])
         text = tok.decode(row0, skip_special_tokens=True)
@@ -160,18 +219,26 @@ def _generate(a, loaded, scheme, params, out, threads) -> dict:
         out.flush()
         shown = text
 
-    res = eng.generate([ids] * a.batch, new_tokens, params, stop_tokens=stop, on_token=on_token)
+    if new_tokens > bool(healed):
+        res = eng.generate(prompts, new_tokens - bool(healed), params, stop_tokens=stop, on_token=on_token)
+    else:  # the healed token was all there was to generate
+        res = Generation([[] for _ in prompts])
     out.write("\n")
-    texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
+    rows = [t if f is None else [f] if f in stop else [f, *t] for f, t in zip(firsts, res.tokens, strict=True)]
+    texts = [tok.decode(t, skip_special_tokens=True)[len(tail):] for t in rows]
     for b in range(1, a.batch):
         out.write(f"--- row {b}\n{a.prompt}{texts[b]}\n")
+    ttft = heal_s + (res.ttft_s or 0.0)
     report = {"quant": scheme, "threads": threads, "prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s,
-              "ttft_s": res.ttft_s, "batch": a.batch, "new_tokens": [len(t) for t in res.tokens], "texts": texts}
+              "ttft_s": ttft, "batch": a.batch, "new_tokens": [len(t) for t in rows], "tokens": rows, "texts": texts,
+              "healed": None if healed is None else [tail, tok.decode(rows[0][:1])]}
     on = f"{eng.dev} ({threads} thread{'s' * (threads > 1)})" if threads else str(eng.dev)
-    out.write(f"[prefill {res.prompt_tokens} tokens: {res.prefill_tok_s:,.0f} tok/s · decode {res.decode_steps} "
-              f"steps x {a.batch} rows: {res.decode_tok_s:,.0f} tok/s · time to first token "
-              f"{res.ttft_s * 1e3:.1f} ms · {on}, {'CUDA graphs' if eng.graphs else 'eager'}"
-              f"{', experts ' + scheme if scheme else ''}]\n")
+    fix = f" · prompt end healed: {tail!r} → {report['healed'][1]!r}" if healed else ""
+    speed = (f"prefill {res.prompt_tokens} tokens: {res.prefill_tok_s:,.0f} tok/s · decode {res.decode_steps} "
+             f"steps x {a.batch} rows: {res.decode_tok_s:,.0f} tok/s" if res.prompt_tokens else
+             "the healed token was the one new token")
+    out.write(f"[{speed} · time to first token {ttft * 1e3:.1f} ms · {on}, "
+              f"{'CUDA graphs' if eng.graphs else 'eager'}{', experts ' + scheme if scheme else ''}{fix}]\n")
     return report
 
 

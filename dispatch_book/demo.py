@@ -16,7 +16,10 @@ a function body it has not seen. Two measures:
   a failure.
 
 Each model's validation perplexity in windows of ``EVAL_SEQ`` tokens (``val_ppl``) is measured beside
-them. The shares and each prompt's verdicts are printed; ``--json PATH`` writes them.
+them, and the README's showcase (``showcase``): ``python -m dispatch.generate --prompt "def main("``,
+64 greedy tokens with the prompt's end healed (the default) and without, each with the first
+``MAX_PERIOD``-token block repeated ``REPEATS`` times in a row anywhere in it (``first_loop``), if any.
+The shares and each prompt's verdicts are printed; ``--json PATH`` writes them.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ NEW_TOKENS = 64
 MAX_PERIOD = 16
 REPEATS = 3
 EVAL_SEQ, EVAL_TOKENS = 128, 65536  # the validation windows of val_ppl (the cpu preset's final evaluation)
+SHOWCASE = "def main("
 _DEF = re.compile(r"^([ \t]*)def [A-Za-z_]\w*\(.*\):[ \t]*$", re.M)
 
 
@@ -43,6 +47,30 @@ def loop_period(tokens: list[int], max_period: int = MAX_PERIOD, repeats: int = 
         if len(tokens) >= n and all(tokens[-n + i] == tokens[-n + i % p] for i in range(n)):
             return p
     return None
+
+
+def first_loop(tokens: list[int], max_period: int = MAX_PERIOD, repeats: int = REPEATS) -> tuple[int, int] | None:
+    """(end, period) of the first place where a block of ≤ max_period tokens has been repeated
+    ``repeats`` times in a row (:func:`loop_period` of every prefix), else None."""
+    for end in range(1, len(tokens) + 1):
+        p = loop_period(tokens[:end], max_period, repeats)
+        if p:
+            return end, p
+    return None
+
+
+def showcase(model: str, device: str = "cpu") -> dict:
+    """The README's command on ``model``, 64 greedy tokens, healed and not: the text and its first loop."""
+    import io
+
+    from dispatch.generate import main as generate
+
+    out = {}
+    for name, flags in (("healed", []), ("unhealed", ["--no-heal"])):
+        rep = generate(["--model", model, "--device", device, "--prompt", SHOWCASE, "--max-new-tokens",
+                        str(NEW_TOKENS), *flags], out=io.StringIO())
+        out[name] = {"text": rep["texts"][0], "first_loop": first_loop(rep["tokens"][0])}
+    return out
 
 
 def function_text(def_line: str, completion: str, complete: bool) -> str:
@@ -160,7 +188,7 @@ def measure(model: str = "cpu", count: int = 50, temperature: float = 0.5, top_p
             "top_p": top_p, "seeds": list(seeds), f"val_ppl_{EVAL_SEQ}": round(ppl, 3),
             "greedy_without_loop": sum(r["greedy_loop_period"] is None for r in rows) / n,
             "sampled_parse_share": [sum(r["sampled_parses"][k] for r in rows) / n for k in range(len(seeds))],
-            "rows": rows}
+            "showcase": showcase(model, device), "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -192,6 +220,9 @@ def main(argv: list[str] | None = None) -> dict:
             loop = f"loop of {r['greedy_loop_period']}" if r["greedy_loop_period"] else "no loop"
             verdicts = " ".join("parses" if ok else "fails " for ok in r["sampled_parses"])
             print(f"{r['def'][:60]:60s} greedy: {loop:11s} sampled: {verdicts}")
+        for name, sc in m["showcase"].items():
+            loop = "no loop" if sc["first_loop"] is None else "loops by token {}: period {}".format(*sc["first_loop"])
+            print(f"{SHOWCASE!r} greedy, {name}: {loop}: {SHOWCASE + sc['text'][:50]!r}")
         shares = "/".join(f"{s:.0%}" for s in m["sampled_parse_share"])
         print(f"{model} ({m['params'] / 1e6:.1f}M parameters, val ppl {m[f'val_ppl_{EVAL_SEQ}']} in "
               f"{EVAL_SEQ}-token windows), {m['prompts']} held-out prompts: greedy without a loop "
