@@ -151,11 +151,16 @@ def heal(last_logits, tok, ids: list[int], params, rows: int = 1) -> tuple[list[
     from dispatch.engine.sampling import sample
 
     tail = tok.decode(ids[-1:])
-    if len(ids) < 2 or not tail or "\ufffd" in tail:
+    if len(ids) < 2 or not tail or "\ufffd" in tail:  # (a piece of a UTF-8 character: left as it is)
         return None
     special = set(getattr(tok, "all_special_ids", ()))
-    texts = tok.batch_decode([[i] for i in range(len(tok))])
-    fits = [i for i, t in enumerate(texts) if t.startswith(tail) and i not in special]
+    # compared as the vocabulary's own strings, which keep a leading space however the tokenizer marks it
+    # (GPT-2's "Ġ", SentencePiece's "▁"), where decoding one token alone may drop it
+    pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+    last = pieces[ids[-1]] if ids[-1] < len(pieces) else None
+    if not last:
+        return None
+    fits = [i for i, t in enumerate(pieces) if t and t.startswith(last) and i not in special]
     if len(fits) < 2:
         return None
     logits = last_logits(ids[:-1]).float()

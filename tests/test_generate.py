@@ -44,8 +44,8 @@ class _Tok:
     def decode(self, ids, skip_special_tokens=False):
         return "".join(self.texts[i] for i in ids)
 
-    def batch_decode(self, rows):
-        return [self.decode(r) for r in rows]
+    def convert_ids_to_tokens(self, ids):
+        return [self.texts[i] for i in ids]
 
 
 def test_heal_picks_among_the_tokens_that_start_with_the_last_ones_text():
