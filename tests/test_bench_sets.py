@@ -289,3 +289,50 @@ def test_a_wrapped_staleness_note_fits_the_column_and_nbval_removes_it(monkeypat
     assert "Stale" not in sanitize(refilled) and sanitize(refilled).endswith(" tail")
     cut = f"ceilings measured: {plain.rstrip('.')}; the rest from the datasheet"  # peaks.ceilings drops the period
     assert sanitize(cut) == f"ceilings measured: {sanitize(current)}; the rest from the datasheet"
+
+
+def test_no_code_a_set_measures_imports_the_kernels_it_leaves_out():
+    """sets.NOT_IN_SET leaves the serving, handoff and peer-copy kernels out of the set's suites: no file
+    those suites measure may import them, or the packages that run them (dispatch.serve, dispatch.parallel),
+    or dispatch.ops (which reaches every kernel)."""
+    import ast
+    import pathlib
+
+    top = pathlib.Path(__file__).resolve().parents[1]
+    left = {p.removeprefix(":(exclude)") for p in sets.NOT_IN_SET}
+    banned = {p.removesuffix(".py").replace("/", ".") for p in left} | {"dispatch.serve", "dispatch.parallel",
+                                                                      "dispatch.ops"}
+    files = set()
+    for name in sets.SET:
+        for p in sets.measured_paths(name):
+            if p.startswith(":"):
+                continue
+            files |= {top / p} if p.endswith(".py") else set((top / p).rglob("*.py"))
+    assert len(files) > 40
+    bad = []
+    for f in sorted(files):
+        rel = f.relative_to(top).as_posix()
+        if rel in left:
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            bad += [f"{rel} imports {m}" for m in mods if any(m == b or m.startswith(b + ".") for b in banned)]
+    assert not bad, "; ".join(bad) + ": measure it in sets.MEASURES (drop it from NOT_IN_SET) or import elsewhere"
+
+
+def test_a_kernel_left_out_of_the_set_leaves_it_current(tmp_path):
+    repo, first = _repo(tmp_path)
+    (repo / "dispatch" / "kernels" / "block_copy.py").write_text("y = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "two")
+    second = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    (repo / "dispatch" / "kernels" / "block_copy.py").write_text("y = 2\n")
+    _git(repo, "commit", "-qam", "three")
+    assert evidence.changed(second, sets.measured_paths("decode"), repo) == ()
+    assert evidence.changed(second, sets.measured_paths("disagg_ipc"), repo) == ("dispatch/kernels/block_copy.py",)
+    assert evidence.changed(first, ("dispatch/kernels", *sets.NOT_IN_SET), repo) == ()

@@ -21,10 +21,16 @@ from dispatch_book.bench import results
 
 ENV = "DISPATCH_RESULTS_GPU"
 
+# Kernels that no suite of a one-GPU set runs: the serving engine's paged attention (chapter 8), the
+# disaggregated handoff's block copy (chapter 10) and expert parallelism's peer copies (chapter 4). A change
+# there leaves the set current (git pathspecs: evidence.changed runs `git diff -- <paths>`); the suites that
+# do run them (serve, speculative, disagg_ipc, expert_parallel) name them. tests/test_bench_sets.py checks
+# that no code a set's suite measures imports them, or the serving and parallel packages that do.
+NOT_IN_SET = tuple(f":(exclude)dispatch/kernels/{m}.py" for m in ("paged_attention", "block_copy", "p2p"))
 # The suites of a one-GPU set, in the order `python -m dispatch_book.bench all` records them, and the
 # code each one measures: a change there after the recording makes it stale. `notebooks/` counts only
 # code cells (`evidence.changed`): re-executing a chapter does not make book_gpu stale.
-_KERNELS = ("dispatch/kernels", "dispatch/tables")
+_KERNELS = ("dispatch/kernels", "dispatch/tables", *NOT_IN_SET)
 _ROUTING = ("dispatch/tune/routing_dist.py", "dispatch/assets/traces")  # the races' routing draws, the trace replayed
 _RACE = (*_KERNELS, *_ROUTING, "dispatch/moe.py",  # moe(): the race's whole-layer contestant
          "dispatch_book/bench/kernels.py", "dispatch_book/bench/peers.py", "dispatch_book/bench/peer_search.py",
@@ -37,9 +43,9 @@ MEASURES = {
     "decode_chain": (*_KERNELS, "dispatch_book/bench/chain.py"),
     "kernels": _RACE,
     "kernels_sweep": (*_KERNELS, "dispatch_book/bench/kernels_sweep.py"),
-    "step_kernels": ("dispatch/kernels", "dispatch/engine", "dispatch_book/bench/step_kernels.py"),
+    "step_kernels": ("dispatch/kernels", *NOT_IN_SET, "dispatch/engine", "dispatch_book/bench/step_kernels.py"),
     "e2e": (*_KERNELS, "dispatch/engine", "dispatch/quant", "dispatch_book/bench/e2e.py"),
-    "e2e_profile": ("dispatch/kernels", "dispatch/engine", "dispatch_book/bench/e2e.py"),
+    "e2e_profile": ("dispatch/kernels", *NOT_IN_SET, "dispatch/engine", "dispatch_book/bench/e2e.py"),
     "quant": (*_KERNELS, *_ROUTING, "dispatch/quant", "dispatch_book/bench/quant.py"),
 }
 SET = tuple(MEASURES)
