@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 from dispatch.serve import EngineConfig, LLMEngine, RequestParams
 from dispatch.serve.disagg_model import StepCurve
-from dispatch_book.figures import SMALL_PT
+from dispatch_book.figures import SMALL_PT, plain_log
 
 
 def interference(model, decoding: list[list[int]], long_prompt: list[int], *, budget: int, chunked: bool,
@@ -73,6 +73,7 @@ def plot_layouts(rows: list[dict], title: str):
                         label=f"{layout}, prompt {prompt}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        plain_log(ax, [r["rate"] for r in rows])
         ax.set_xlabel("requests per second")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

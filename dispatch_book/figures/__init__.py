@@ -22,6 +22,20 @@ def fits(text: str, width_in: float, fontsize: float = SMALL_PT) -> bool:
 
     return TextPath((0, 0), text, size=fontsize).get_extents().width / 72 <= width_in
 
+def plain_log(ax, xs=None) -> None:
+    """Log axes labelled in plain numbers: x ticks at ``xs`` (the measured points) when given; y major
+    ticks at 1, 1.5, 2, 3, 5, 7 × 10^k, no minor labels (log axes' 6×10¹-style labels crowd and overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if xs is not None:
+        xs = sorted(set(xs))
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 # One palette for contestants across every chapter's benchmark figures.
 COLORS = {
     "ours": "#d62728",

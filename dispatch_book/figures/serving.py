@@ -8,9 +8,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from dispatch_book.figures import SMALL_PT, color
+from dispatch_book.figures import SMALL_PT, color, plain_log
 
 
 def occupancy(out_lens: list[int], slots: int, mode: str) -> np.ndarray:
@@ -142,12 +141,7 @@ def latency_vs_load(rows: list[dict], title: str):
                 if pts:
                     ax.plot(*zip(*pts, strict=True), ls=ls, marker="o", color=color(name), label=f"{name} {pct}")
         ax.set(xscale="log", yscale="log", xlabel="arrival rate (requests/s)", ylabel=label)
-        rates = sorted({r["rate"] for r in rows})
-        ax.set_xticks(rates, [f"{x:g}" for x in rates])  # the measured rates, in plain numbers
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        plain_log(ax, [r["rate"] for r in rows])
     axes[0].legend(fontsize=SMALL_PT)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
