@@ -13,7 +13,7 @@ LINE_COLORS = (*plt.cm.tab10.colors, "navy", "darkgoldenrod")
 def decode_throughput(doc: dict, title: str):
     """Decode tokens/s against the batch (log-log) for each contestant of an ``e2e`` recording, in
     the file's order: ours and its variants (``ours*``) solid with dots, transformers' ways dotted
-    with squares; the dashed line is ours' bandwidth roofline (``roofline_tok_s``)."""
+    with squares; the dashed line is ours' bandwidth roofline (``roofline_tok_s``, bf16 weights)."""
     rows = [r for r in doc["rows"] if "decode_tok_s" in r]
     if not rows:
         raise ValueError("decode_throughput() needs rows with 'decode_tok_s' (an e2e recording)")
@@ -26,7 +26,7 @@ def decode_throughput(doc: dict, title: str):
                 marker="o" if ours else "s", ls="-" if ours else ":", lw=2.5 if name == "ours" else 1.2)
     roof = sorted({(r["batch"], r["roofline_tok_s"]) for r in rows if r["contestant"] == "ours"})
     if roof:
-        ax.plot(*zip(*roof, strict=True), "k--", label="bandwidth roofline")
+        ax.plot(*zip(*roof, strict=True), "k--", label="bandwidth roofline (bf16)")
     batches = sorted({r["batch"] for r in rows})
     ax.set(xscale="log", yscale="log", xlabel="batch (rows decoding together)", ylabel="decode tokens/s",
            title=title)
