@@ -67,5 +67,6 @@ def finish_grid(fig, axes, used: int, ylabel: str):
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=SMALL_PT, loc="lower center", ncol=3, frameon=False)
-    fig.tight_layout(rect=(0, 0.12 / axes.shape[0], 1, 1))
+    legend_in = 0.12 + 0.24 * -(-len(labels) // 3)  # inches under the panels: a row of SMALL_PT text each
+    fig.tight_layout(rect=(0, legend_in / fig.get_size_inches()[1], 1, 1))
     return fig

@@ -121,7 +121,7 @@ def decode_table(shape, tokens, context: int, ceil: dict, bytes_per_param: int =
 
 
 def roofline_figure(cfg: MoEConfig, ceil: dict, tokens=(1, 4, 16, 64, 256, 1024, 4096, 16384), *,
-                    bytes_per_param: int = 2, gpu: str = "H200"):
+                    bytes_per_param: int = 2, gpu: str | None = None):
     """Floors of the routed experts of one layer vs batch size: time per step (memory vs compute)
     and per token, on the measured ceilings ``ceil`` of ``gpu``."""
     lay = [roofline(expert_layer_roofline, cfg, t, ceil=ceil, bytes_per_param=bytes_per_param)
@@ -140,6 +140,10 @@ def roofline_figure(cfg: MoEConfig, ceil: dict, tokens=(1, 4, 16, 64, 256, 1024,
     b.set_ylabel("floor per token (ns)")
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
+    if gpu is None:  # the set whose ceilings the chapters read
+        from dispatch_book.bench import sets
+
+        gpu = sets.gpu_name()
     fig.suptitle(f"routed experts of one layer: H={cfg.H}, I={cfg.I}, top-{cfg.K} of {cfg.E}, "
                  f"{gpu} bf16 (measured ceilings)")
     return fig
