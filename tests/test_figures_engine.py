@@ -24,12 +24,12 @@ def test_every_contestant_its_own_line_and_colour_ours_solid_theirs_dotted():
     fig = decode_throughput(_doc(), "t")
     ax = fig.axes[0]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
-    assert list(lines) == [*NAMES, "bandwidth roofline"]
+    assert list(lines) == [*NAMES, "bandwidth roofline (bf16)"]
     colours = [to_hex(lines[n].get_color()) for n in NAMES]
     assert len(set(colours)) == len(NAMES), "twelve lines, twelve colours"
     assert all(lines[n].get_linestyle() == ("-" if n.startswith("ours") else ":") for n in NAMES)
     assert list(lines["ours"].get_ydata()) == [100.0, 800.0, 6400.0] and lines["ours"].get_linewidth() == 2.5
-    assert list(lines["bandwidth roofline"].get_ydata()) == [5000.0, 40000.0, 320000.0]
+    assert list(lines["bandwidth roofline (bf16)"].get_ydata()) == [5000.0, 40000.0, 320000.0]
     assert list(ax.get_xticks()) == [1, 8, 64] and ax.get_title() == "t"
     plt.close(fig)
 
