@@ -66,3 +66,13 @@ def test_a_planted_gpu_name_is_caught(sentence):
 ])
 def test_generic_or_glued_names_pass(sentence):
     assert typed_names("clean.md", sentence) == []
+
+
+def test_no_figure_names_a_gpu_of_its_own():
+    """A figure's GPU comes from the recording it draws (or the set the chapters read), never from a
+    string written into the drawing code."""
+    root = ROOT / "dispatch_book"
+    files = [*(root / "figures").glob("*.py"), root / "disagg_study.py", root / "spec_study.py"]
+    named = [f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1)
+             if any(MODEL.search(m) for m in re.findall(r"[\"']([^\"']*)[\"']", line.split("#")[0]))]
+    assert not named, f"GPU names written into figure code: {named}"
