@@ -294,33 +294,30 @@ def test_a_wrapped_staleness_note_fits_the_column_and_nbval_removes_it(monkeypat
 def test_no_code_a_set_measures_imports_the_kernels_it_leaves_out():
     """sets.NOT_IN_SET leaves the serving, handoff and peer-copy kernels out of the set's suites: no file
     those suites measure may import them, or the packages that run them (dispatch.serve, dispatch.parallel),
-    or dispatch.ops (which reaches every kernel)."""
-    import ast
+    or dispatch.ops (which reaches every kernel). Imports read as the layer check reads them."""
     import pathlib
 
+    from test_layers import imports, modules
+
     top = pathlib.Path(__file__).resolve().parents[1]
+    known = set(modules(top / "dispatch"))
     left = {p.removeprefix(":(exclude)") for p in sets.NOT_IN_SET}
     banned = {p.removesuffix(".py").replace("/", ".") for p in left} | {"dispatch.serve", "dispatch.parallel",
                                                                       "dispatch.ops"}
     files = set()
     for name in sets.SET:
         for p in sets.measured_paths(name):
-            if p.startswith(":"):
-                continue
-            files |= {top / p} if p.endswith(".py") else set((top / p).rglob("*.py"))
+            if not p.startswith(":"):
+                files |= {top / p} if p.endswith(".py") else set((top / p).rglob("*.py"))
     assert len(files) > 40
     bad = []
     for f in sorted(files):
         rel = f.relative_to(top).as_posix()
         if rel in left:
             continue
-        for node in ast.walk(ast.parse(f.read_text())):
-            mods = []
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                mods = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            bad += [f"{rel} imports {m}" for m in mods if any(m == b or m.startswith(b + ".") for b in banned)]
+        mod = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        bad += [f"{rel}:{line} imports {m}" for m, line in imports(mod, f, known)
+                if any(m == b or m.startswith(b + ".") for b in banned)]
     assert not bad, "; ".join(bad) + ": measure it in sets.MEASURES (drop it from NOT_IN_SET) or import elsewhere"
 
 

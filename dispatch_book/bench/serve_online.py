@@ -23,7 +23,7 @@ import time
 import urllib.request
 
 from dispatch_book.bench import serve_load
-from dispatch_book.bench.serve_peers import as_text
+from dispatch_book.bench.serve_peers import as_text, cb_blocks
 
 
 class DidNotRun(RuntimeError):
@@ -47,13 +47,6 @@ def _command(kind: str, folder: str, port: int, *, max_seqs: int, max_step_token
                 "--host", "127.0.0.1", "--port", str(port), "--cb-max-batch-tokens", str(max_step_tokens),
                 *(() if cache_tokens is None else ("--cb-num-blocks", str(cb_blocks(cache_tokens))))]
     raise ValueError(f"no server kind {kind!r}")
-
-
-def cb_blocks(cache_tokens: int) -> int:
-    """transformers' continuous-batching blocks that hold ``cache_tokens`` tokens (of its default page size)."""
-    from transformers import ContinuousBatchingConfig
-
-    return -(-cache_tokens // ContinuousBatchingConfig().page_size)
 
 
 @contextlib.contextmanager

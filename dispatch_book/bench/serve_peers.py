@@ -69,6 +69,14 @@ def static(lean, reqs, *, batch: int) -> dict:
     return res
 
 
+def cb_blocks(cache_tokens: int) -> int:
+    """transformers' continuous-batching blocks that hold ``cache_tokens`` tokens (of its default page size):
+    ``hf_cb``'s and ``transformers serve --cb-num-blocks``' cache size."""
+    from transformers import ContinuousBatchingConfig
+
+    return -(-cache_tokens // ContinuousBatchingConfig().page_size)
+
+
 def hf_cb(model, reqs, *, max_batch_tokens: int | None = None, cache_tokens: int | None = None,
           timeout_s: float = 600, warmup: bool = True) -> dict:
     """transformers' continuous batching, one request per prompt with its own max_new_tokens: TimeoutError
@@ -82,8 +90,6 @@ def hf_cb(model, reqs, *, max_batch_tokens: int | None = None, cache_tokens: int
     kw = {}
     if max_batch_tokens is not None or cache_tokens is not None:
         from transformers import ContinuousBatchingConfig
-
-        from dispatch_book.bench.serve_online import cb_blocks
 
         cfg = ContinuousBatchingConfig(max_batch_tokens=max_batch_tokens,
                                        num_blocks=None if cache_tokens is None else cb_blocks(cache_tokens))
