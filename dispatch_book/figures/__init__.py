@@ -22,6 +22,7 @@ def fits(text: str, width_in: float, fontsize: float = SMALL_PT) -> bool:
 
     return TextPath((0, 0), text, size=fontsize).get_extents().width / 72 <= width_in
 
+
 def plain_log(ax, xs=None) -> None:
     """Log axes labelled in plain numbers: x ticks at ``xs`` (the measured points) when given; y major
     ticks at 1, 1.5, 2, 3, 5, 7 × 10^k, no minor labels (log axes' 6×10¹-style labels crowd and overlap)."""
