@@ -55,6 +55,13 @@ def test_copy_blocks_is_torch_s_gather_then_scatter_and_refuses_other_layouts():
     copy_blocks(src, dst, [], [])  # nothing to copy
     assert torch.equal(dst, ref2)
     assert block_bytes(src) == 2 * 4 * 2 * 3 * 4
+    for tile, warps in ((16, 1), (32, 2), (64, None)):  # blocks of 24 elements: two tiles (one part-full), or one
+        out = torch.zeros_like(dst)
+        copy_blocks(src, out, s, d, tile=tile, num_warps=warps)
+        assert torch.equal(out, torch.zeros_like(dst).index_copy_(1, d, src.index_select(1, s)))
+    for bad, match in (({"tile": 24}, "power of two"), ({"tile": 8}, ">= 16"), ({"num_warps": 3}, "num_warps")):
+        with pytest.raises(ValueError, match=match):
+            copy_blocks(src, dst, s, d, **bad)
 
 
 def test_share_holds_blocks_past_their_table_s_free():

@@ -29,10 +29,16 @@ def _copy_blocks_kernel(src, dst, src_ids, dst_ids, src_layer, dst_layer, N: tl.
     tl.store(dst + layer * dst_layer + d * N + offs, x, mask=m)
 
 
-def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids) -> None:
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids, *, tile: int = 8192,
+                num_warps: int | None = None) -> None:
     """``dst[:, dst_ids[i]] = src[:, src_ids[i]]`` for every i, launched on the current stream.
     ``src_ids``/``dst_ids``: block numbers on the host (sequences of ints, or CPU tensors), checked against
-    the pools before the launch, then copied to the pools' device."""
+    the pools before the launch, then copied to the pools' device. ``tile``: elements a program copies (a
+    power of two; fewer when a block holds fewer); ``num_warps``: 8 from 4096-element tiles, else 4."""
+    if tile < 16 or tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two >= 16, got {tile}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"num_warps must be a power of two in 1..32, got {num_warps}")
     if src.dim() < 3 or src.shape[0] != dst.shape[0] or src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
         raise ValueError(f"pools of different layouts: {tuple(src.shape)} {src.dtype}, {tuple(dst.shape)} {dst.dtype}"
                          " (expected [L, NB, *block] with the same L, block and dtype)")
@@ -51,10 +57,10 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids) -> None:
         return
     ids = torch.stack([s, d]).to(src.device, non_blocking=True)
     N = math.prod(src.shape[2:])
-    BLOCK = min(8192, triton.next_power_of_2(N))
+    BLOCK = min(tile, triton.next_power_of_2(N))
     grid = (src.shape[0], n, triton.cdiv(N, BLOCK))
     _copy_blocks_kernel[grid](src, dst, ids[0], ids[1], src.stride(0), dst.stride(0), N=N, BLOCK=BLOCK,
-                              num_warps=8 if BLOCK >= 4096 else 4)
+                              num_warps=num_warps or (8 if BLOCK >= 4096 else 4))
 
 
 def copy_blocks_reference(src: torch.Tensor, dst: torch.Tensor, src_ids, dst_ids) -> None:

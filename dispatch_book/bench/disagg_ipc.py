@@ -15,6 +15,13 @@ Writes ``<out>/<gpu>/disagg_ipc.json`` after every row (a run cut short keeps wh
                     ceiling / copy (1.0: as fast as the gather); ``handoff_ms_*``: from the prefill side's
                     send to the decode side's "done", the link's messages included; every copy checked
                     bit for bit
+                    ``device_ms_p50``: the same copy timed on the device (CUDA events around it), and
+                    ``of_device_copy`` = a plain contiguous copy of the same bytes in this process (the
+                    "copy" row's ``device_copy_ms``) / that time: the target's measure of the link
+    part "tile"     the copy kernel's launch shapes (elements a program copies, warps), one process
+    part "ttft"     OLMoE-1B-7B's prefill of each prompt length (random bf16 weights, the engine's lean
+                    forward) beside the handoff: ``adds`` = handoff / prefill, what the handoff adds to
+                    the time to first token at most (nothing overlapped with it)
     part "serve"    the shipped model served by a ``backend="ipc"`` pair against the co-located engine
                     (fp32): the requests whose tokens are equal, those that differ only at a near tie
 
@@ -88,13 +95,17 @@ def _decode_side(s: dict, device: str, link, done) -> None:
             if a.meta.rid < 0:
                 return
             mine = blocks_of(10**6 + a.meta.rid, len(a.blocks) * s["block"], s, ref.shape[1])
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if device != "cpu" else None
             _sync(device)
             t0 = time.perf_counter()
+            ev and ev[0].record()
             rx.copy(a, list(enumerate(mine)))
+            ev and ev[1].record()
             _sync(device)
             copy_s = time.perf_counter() - t0
+            dev_s = ev[0].elapsed_time(ev[1]) / 1e3 if ev else copy_s
             ((_, _, seconds),) = rx.settle()
-            done.put((a.meta.rid, copy_s, seconds, torch.equal(rx.kv[:, mine], ref[:, list(a.blocks)])))
+            done.put((a.meta.rid, copy_s, seconds, torch.equal(rx.kv[:, mine], ref[:, list(a.blocks)]), dev_s))
         time.sleep(1e-4)
 
 
@@ -126,17 +137,25 @@ def handoff_rows(s: dict, device: str, save) -> None:
             nb, idx = len(blocks), torch.tensor(blocks, device=kv.device)
             nbytes = nb * block_bytes(kv)
             ceiling = harness.time_ms(lambda idx=idx: kv.index_select(1, idx))
+            flat = kv.reshape(-1)[: nbytes // kv.element_size()]
+            into = torch.empty_like(flat)
+            plain = harness.time_ms(lambda flat=flat, into=into: into.copy_(flat))  # the same bytes, contiguous
             save({"part": "copy", "tokens": n_tokens, "bytes": nbytes, **ceiling,
-                  "gbps": nbytes / ceiling["median_ms"] / 1e6})
+                  "gbps": nbytes / ceiling["median_ms"] / 1e6, "device_copy_ms": plain["median_ms"],
+                  "device_copy_gbps": nbytes / plain["median_ms"] / 1e6})
+            del into
             for _ in range(2):  # warm: the pool mapped, the kernel compiled
                 one(n_tokens)
             got = [one(n_tokens) for _ in range(s["reps"])]
             copy_ms = sorted(x[1] * 1e3 for x in got)
             hand_ms = sorted(x[2] * 1e3 for x in got)
+            dev = statistics.median(x[4] * 1e3 for x in got)
             p50 = statistics.median(copy_ms)
             save({"part": "handoff", "tokens": n_tokens, "blocks": nb, "bytes": nbytes, "reps": len(got),
                   "copy_ms_p50": p50, "copy_ms_min": copy_ms[0], "copy_ms_max": copy_ms[-1],
                   "gbps": nbytes / p50 / 1e6, "of_ceiling": ceiling["median_ms"] / p50,
+                  "device_ms_p50": dev, "device_gbps": nbytes / dev / 1e6,
+                  "of_device_copy": plain["median_ms"] / dev,
                   "handoff_ms_p50": statistics.median(hand_ms), "handoff_ms_max": hand_ms[-1],
                   "exact": all(x[3] for x in got)})
     finally:
@@ -144,6 +163,46 @@ def handoff_rows(s: dict, device: str, save) -> None:
         proc.join(10.0)
         if proc.is_alive():
             proc.kill()
+
+
+TILES = ((2048, 4), (4096, 8), (8192, 8), (16384, 8), (16384, 16), (32768, 16))
+
+
+def tile_rows(s: dict, device: str, save) -> None:
+    """The copy kernel's tile (elements a program copies) and warps, in one process, against the same
+    blocks: which launch shape moves the bytes fastest (the handoff uses ``copy_blocks``' default)."""
+    from dispatch.kernels.block_copy import copy_blocks
+
+    kv = pool(s, device)
+    into = torch.zeros_like(kv)
+    for n_tokens in s["tokens"]:
+        src = blocks_of(0, n_tokens, s, kv.shape[1])
+        dst = blocks_of(10**6, n_tokens, s, kv.shape[1])
+        nbytes = len(src) * block_bytes(kv)
+        for tile, warps in TILES if device != "cpu" else TILES[:2]:
+            t = harness.time_ms(lambda tile=tile, warps=warps, src=src, dst=dst: copy_blocks(
+                kv, into, src, dst, tile=tile, num_warps=warps))
+            save({"part": "tile", "tokens": n_tokens, "tile": tile, "num_warps": warps, **t,
+                  "gbps": nbytes / t["median_ms"] / 1e6})
+
+
+def ttft_rows(rows: list[dict], save) -> None:
+    """What the handoff adds to the time to first token: OLMoE-1B-7B's prefill of each prompt length
+    (random bf16 weights, one request, the engine's lean forward) beside the handoff's p50 (GPU only)."""
+    from dispatch.engine import LeanModel
+    from dispatch_book.bench.e2e import build
+
+    lean = LeanModel.from_hf(build())
+    for r in [r for r in rows if r["part"] == "handoff"]:
+        n = r["tokens"]
+        ids = torch.randint(0, 50000, (1, n), device="cuda", generator=torch.Generator("cuda").manual_seed(SEED))
+        pos = torch.arange(n, device="cuda")[None]
+        cache = lean.new_cache(1, n)
+        with torch.no_grad():
+            t = harness.time_ms(lambda ids=ids, pos=pos, cache=cache: lean(ids, pos, cache, prefill=True),
+                                warmup=2, rep=20)
+        save({"part": "ttft", "tokens": n, "prefill_ms": t["median_ms"], "handoff_ms_p50": r["handoff_ms_p50"],
+              "adds": r["handoff_ms_p50"] / t["median_ms"]})
 
 
 def serve_row(save) -> None:
@@ -181,5 +240,8 @@ def main(argv=None) -> None:
         print(row, f"-> {path}", flush=True)
 
     handoff_rows(s, f"{device}:0" if device == "cuda" else device, save)
+    tile_rows(s, f"{device}:0" if device == "cuda" else device, save)
+    if runtime.HAS_CUDA:
+        ttft_rows(rows, save)
     if runtime.HAS_CUDA and not a.no_serve:
         serve_row(save)
