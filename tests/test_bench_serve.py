@@ -87,6 +87,16 @@ def test_suite_on_cpu(tmp_path):
     assert not any(int(s) >= 500 for s in rel["statuses"])
 
 
+def test_unfinished_bounds_the_throughput():
+    """A run cut off after 20 s with 3,000 tokens asked for could not have run faster than 150 tokens/s."""
+    from dispatch_book.bench.serve_peers import Unfinished
+
+    e = Unfinished(done=5, requests=8, tokens=1200, total=3000, wall_s=20.0)
+    assert isinstance(e, TimeoutError) and "5 of 8 requests done after 20 s" in str(e)
+    b = e.bound()
+    assert b["output_tok_s_at_most"] == 150.0 and b["requests_done"] == 5 and "output_tok_s" not in b
+
+
 def test_live_run_is_bounded():
     """Chapter 8's live run on a machine without a recording ends within its budget: what overran is a row
     that says so (with every thread's stack), not a hang; transformers' run alone is bounded too."""
@@ -106,6 +116,10 @@ def test_live_run_is_bounded():
     by = {(r["part"], r["contestant"]): r for r in rows}
     assert by[("offline", "ours")]["output_tokens"] == sum(r.max_tokens for r in reqs)
     hf = by[("offline", "hf_cb")]
-    assert hf["did_not_run"].startswith("TimeoutError") and "MainThread" in hf["stacks"]
+    assert "MainThread" in hf["stacks"]
+    if "did_not_finish" in hf:  # cut off mid-run: its throughput bound, from every token it was asked for
+        assert hf["output_tok_s_at_most"] == pytest.approx(sum(r.max_tokens for r in reqs) / hf["wall_s"])
+    else:
+        assert hf["did_not_run"].startswith("TimeoutError")
     online = by[("online", "ours")]  # a second per request at least: 3 tiny requests finish in it
     assert online.get("completed") == 3 or "budget" in online["did_not_run"]

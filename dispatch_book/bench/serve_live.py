@@ -41,6 +41,8 @@ def live(loaded, *, n: int = 24, prompt=(4, 40), output=(4, 40), rates=(2.0, 8.0
         # sizes its cache from free memory: on a CPU, most of the host's RAM)
         hf = serve_peers.hf_cb(model, reqs, warmup=False, timeout_s=_left(deadline, 0.0),
                                max_batch_tokens=max_step_tokens, cache_tokens=num_blocks * EngineConfig.block_size)
+    except serve_peers.Unfinished as e:  # cut off mid-run: a bound on its throughput
+        hf = {**e.bound(), "stacks": stacks()}
     except (TimeoutError, RuntimeError) as e:
         hf = {"did_not_run": f"{type(e).__name__}: {e}", "stacks": stacks()}
     rows.append({"part": "offline", "contestant": "hf_cb", **hf})

@@ -77,10 +77,25 @@ def cb_blocks(cache_tokens: int) -> int:
     return -(-cache_tokens // ContinuousBatchingConfig().page_size)
 
 
+class Unfinished(TimeoutError):
+    """The run was cut off after ``wall_s``: ``done`` of ``requests`` finished with ``tokens`` of the ``total``
+    output tokens. It needed longer than ``wall_s`` for ``total``, so its throughput was at most
+    ``total / wall_s`` (:meth:`bound`) — an upper bound, never a measurement."""
+
+    def __init__(self, done: int, requests: int, tokens: int, total: int, wall_s: float):
+        super().__init__(f"{done} of {requests} requests done after {wall_s:.0f} s")
+        self.done, self.requests, self.tokens, self.total, self.wall_s = done, requests, tokens, total, wall_s
+
+    def bound(self) -> dict:
+        return {"did_not_finish": str(self), "requests_done": self.done, "wall_s": self.wall_s,
+                "output_tok_s_at_most": self.total / self.wall_s}
+
+
 def hf_cb(model, reqs, *, max_batch_tokens: int | None = None, cache_tokens: int | None = None,
           timeout_s: float = 600, warmup: bool = True) -> dict:
     """transformers' continuous batching, one request per prompt with its own max_new_tokens: TimeoutError
-    when the warm-up request and the run together take over ``timeout_s``. ``max_batch_tokens`` and
+    when the warm-up request and the run together take over ``timeout_s`` (:class:`Unfinished`, with the
+    throughput bound, when the run had started). ``max_batch_tokens`` and
     ``cache_tokens`` (the KV cache's size) left None, transformers sizes them from free memory: on a GPU
     what a user gets, on a CPU most of the host's RAM (14 GB for the shipped model on a 24 GiB machine)."""
     from transformers import GenerationConfig
@@ -107,7 +122,7 @@ def hf_cb(model, reqs, *, max_batch_tokens: int | None = None, cache_tokens: int
         done, n = set(), 0
         while len(done) < len(ids):
             if time.perf_counter() > deadline:
-                raise TimeoutError(f"{len(done)} of {len(ids)} requests done within {timeout_s:.0f} s")
+                raise Unfinished(len(done), len(ids), n, sum(r.max_tokens for r in reqs), time.perf_counter() - t0)
             res = manager.get_result(timeout=1)
             if res is not None and res.is_finished() and res.request_id not in done:
                 if res.error:
