@@ -123,3 +123,32 @@ def test_live_run_is_bounded():
         assert hf["did_not_run"].startswith("TimeoutError")
     online = by[("online", "ours")]  # a second per request at least: 3 tiny requests finish in it
     assert online.get("completed") == 3 or "budget" in online["did_not_run"]
+
+
+def test_serve_summary_sentences():
+    """The chapter's sentences come from the rows: ratios (a cut-off peer as a lower bound), who is ahead
+    at each rate, the highest rate within the TPOT objective, the paged step against the static one."""
+    from dispatch_book.bench import serve_summary as ss
+
+    def online(name, rate, ttft, tpot):
+        return {"part": "online", "contestant": name, "rate": rate, "ttft_ms": {"p50": ttft, "p99": 2 * ttft},
+                "tpot_ms": {"p50": tpot, "p99": 2 * tpot}}
+
+    rows = [{"part": "offline", "contestant": "ours", "output_tok_s": 1000.0},
+            {"part": "offline", "contestant": "static", "output_tok_s": 400.0},
+            {"part": "offline", "contestant": "hf_cb", "output_tok_s_at_most": 250.0, "requests_done": 3},
+            {"part": "offline", "contestant": "hf_cb_dispatch", "did_not_run": "TimeoutError: warm-up"},
+            online("ours", 4, 10, 20), online("ours", 8, 60, 30), online("hf_serve", 4, 20, 30),
+            online("hf_serve", 8, 50, 40),
+            {"part": "step", "batch": 1, "context": 512, "paged_over_static": 1.05},
+            {"part": "step", "batch": 64, "context": 512, "paged_over_static": 0.98}]
+    assert ss.offline_ratios(rows) == {"static": (2.5, False), "hf_cb": (4.0, True)}
+    s = ss.offline_sentence(rows)
+    assert "1,000 output tokens/s" in s and "2.50x the static" in s and "at least 4.00x" in s
+    assert "not measured (TimeoutError: warm-up)" in s
+    lines = ss.online_sentences(rows)
+    assert "rate 4/s" in lines[0] and "TTFT p50 10 vs 20 ms ok" in lines[0] and "TPOT p99 40 vs 60 ms ok" in lines[0]
+    assert "TTFT p50 60 vs 50 ms BEHIND" in lines[1]
+    assert lines[-2].endswith("4 requests/s") and lines[-1].endswith("none")  # TPOT p99 40 and 60 ms at 4/s
+    assert "0.98-1.05x" in ss.step_sentence(rows)
+    assert ss.offline_sentence(rows[1:]) == "offline: this engine was not measured"

@@ -1,0 +1,82 @@
+"""Chapter 8's sentences about a serving recording (``python -m dispatch_book.bench serve``'s rows, or
+the chapter's live run): what each race says, computed from the rows, printed under its table.
+
+    offline_sentence(rows)    ours' output tokens/s against each other offline contestant
+    online_sentences(rows)    per rate: who is ahead at TTFT and TPOT p50/p99; the highest rate within a TPOT p99
+    step_sentence(rows)       the paged decode step against the static engine's, per batch
+
+A contestant cut off mid-run (``output_tok_s_at_most``: it needed longer than it was given) enters as
+a bound: the ratio against it is "at least"; one that did not run or was skipped is named as such.
+"""
+from __future__ import annotations
+
+from dispatch_book.bench.serve_online import max_rate_within
+
+NAMES = {"static": "the static engine (one batch at a time)",
+         "hf_cb": "transformers' continuous batching (its default experts)",
+         "hf_cb_dispatch": "transformers' continuous batching with our experts",
+         "hf_serve": "`transformers serve`", "ours": "this engine"}
+
+
+def offline_ratios(rows: list[dict]) -> dict[str, tuple[float, bool]]:
+    """contestant → (ours' output tokens/s over its, whether that is a lower bound), for those measured."""
+    off = {r["contestant"]: r for r in rows if r.get("part") == "offline"}
+    ours = off.get("ours", {}).get("output_tok_s")
+    if not ours:
+        return {}
+    out = {}
+    for name, r in off.items():
+        if name == "ours":
+            continue
+        if r.get("output_tok_s"):
+            out[name] = (ours / r["output_tok_s"], False)
+        elif r.get("output_tok_s_at_most"):
+            out[name] = (ours / r["output_tok_s_at_most"], True)
+    return out
+
+
+def offline_sentence(rows: list[dict]) -> str:
+    off = {r["contestant"]: r for r in rows if r.get("part") == "offline"}
+    if not off.get("ours", {}).get("output_tok_s"):
+        return "offline: this engine was not measured"
+    ratios = offline_ratios(rows)
+    parts = [f"{'at least ' if low else ''}{x:.2f}x {NAMES.get(n, n)}" for n, (x, low) in ratios.items()]
+    parts += [f"{NAMES.get(n, n)} not measured ({(r.get('did_not_run') or r.get('skipped') or '')[:60]})"
+              for n, r in off.items() if n != "ours" and n not in ratios]
+    return f"offline: this engine {off['ours']['output_tok_s']:,.0f} output tokens/s: " + "; ".join(parts)
+
+
+def online_sentences(rows: list[dict], tpot_p99_ms: float = 50.0) -> list[str]:
+    """One line per rate that both ours and a peer served (ahead = lower or equal), then the highest rates
+    whose TPOT p99 stays within ``tpot_p99_ms``."""
+    on = [r for r in rows if r.get("part") == "online" and "ttft_ms" in r]
+    by = {}
+    for r in on:
+        by.setdefault(r["contestant"], {})[r["rate"]] = r
+    ours = by.get("ours", {})
+    out = []
+    for peer in (p for p in by if p != "ours"):
+        for rate in sorted(set(ours) & set(by[peer])):
+            a, b = ours[rate], by[peer][rate]
+            said = []
+            for m in ("ttft_ms", "tpot_ms"):
+                for q in ("p50", "p99"):
+                    x, y = a[m].get(q), b[m].get(q)
+                    if x is not None and y is not None:
+                        said.append(f"{m[:4].upper()} {q} {x:.0f} vs {y:.0f} ms {'ok' if x <= y else 'BEHIND'}")
+            out.append(f"rate {rate:g}/s, this engine vs {NAMES.get(peer, peer)}: " + ", ".join(said))
+    for name, rates in by.items():
+        best = max_rate_within(list(rates.values()), tpot_p99_ms)
+        out.append(f"{NAMES.get(name, name)}: highest rate measured with TPOT p99 <= {tpot_p99_ms:g} ms: "
+                   + (f"{best:g} requests/s" if best is not None else "none"))
+    return out
+
+
+def step_sentence(rows: list[dict]) -> str:
+    steps = [r for r in rows if r.get("part") == "step" and r.get("paged_over_static")]
+    if not steps:
+        return "decode step: no graphed paged step measured here"
+    worst = max(steps, key=lambda r: r["paged_over_static"])
+    return (f"decode step through the paged cache: {min(r['paged_over_static'] for r in steps):.2f}-"
+            f"{worst['paged_over_static']:.2f}x the static engine's at batch "
+            + ", ".join(str(r["batch"]) for r in steps) + f" (context {worst['context']})")
