@@ -218,3 +218,37 @@ def gpu_summary(doc: dict) -> dict[str, list[dict]]:
                "x": r.get("speedup_vs_default_plain", 1.0 if r["mode"] == "default" else "")}
               for r in rows if r["kind"] == "replay"]
     return {"invariance": cost, "race": race, "replay": replay}
+
+
+def gpu_sentences(doc: dict) -> list[str]:
+    """What a GPU recording of the ``speculative`` suite says, computed from its rows: the shipped model's
+    plain step against its speculative step (the race), transformers' prompt lookup against its own plain
+    ``generate``, the verify step's price at k = 0 over a decode step, and each preset's replay."""
+    rows = [r for r in doc["rows"] if "skipped" not in r]
+    out = []
+    race = {(r["mode"], r["drafter"], str(r["k"])): r for r in rows if r["kind"] == "race"}
+    plain = race.get(("default", "none", "0"))
+    spec = [r for r in race.values() if r["drafter"] == "lookup" and r["mode"] == "invariant"]
+    if plain and spec:
+        best = max(spec, key=lambda r: r["tok_s"])
+        step_us = 1e6 / best["tok_s"] * best["tokens_per_step"]
+        out.append(f"shipped model, batch 1: plain decoding {1e6 / plain['tok_s']:.0f} µs a token; prompt lookup "
+                   f"(k={best['k']}) keeps {best['tokens_per_step']:.2f} tokens a step at {step_us:.0f} µs a step: "
+                   f"{best['tok_s'] / plain['tok_s']:.2f}x plain")
+    peer = {r["contestant"]: r["tok_s"] for r in rows if r["kind"] == "peer"}
+    looks = {c: v for c, v in peer.items() if c.startswith("prompt_lookup")}
+    if "plain" in peer and looks:
+        c = max(looks, key=looks.get)
+        out.append(f"transformers' generate: {c} {looks[c] / peer['plain']:.2f}x its plain generate "
+                   f"({peer['plain']:,.0f} tok/s)")
+    cost = {(r["shape"], r["mode"], r["drafter"], r["k"]): r["median_ms"] for r in rows if r["kind"] == "verify_cost"}
+    inv = {(r["shape"], r["batch"], r["mode"]): r["median_ms"] for r in rows if r["kind"] == "invariance"}
+    for shape in dict.fromkeys(s for s, *_ in cost):
+        k0, step = cost.get((shape, "invariant", "lookup", 0)), inv.get((shape, 1, "invariant"))
+        if k0 and step:
+            out.append(f"{shape}: a speculative step at k=0 costs {k0:.3f} ms, {k0 / step:.2f}x the invariant "
+                       f"decode step ({step:.3f} ms)")
+    for r in (r for r in rows if r["kind"] == "replay" and r["drafter"] != "none"):
+        out.append(f"{r['shape']} replay, {r['drafter']} k={r['k']}: {r['speedup_vs_invariant_plain']:.2f}x the "
+                   f"invariant plain decode, {r['speedup_vs_default_plain']:.2f}x the default one")
+    return out

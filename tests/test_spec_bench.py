@@ -50,3 +50,30 @@ def test_every_row_kind(small):
     assert all(r["layers"] and r["of_layers"] == 32 for r in rows if r["shape"] == "mixtral-8x7b")
     s = gpu_summary({"rows": rows})
     assert len(s["race"]) == len(race) + 2 + 4 and len(s["replay"]) == 6
+
+
+def test_gpu_sentences_by_hand():
+    """The chapter's sentences about a recording, from rows whose ratios are known by hand."""
+    from dispatch_book.spec_study import gpu_sentences
+
+    rows = [{"kind": "race", "shape": "shipped", "mode": "default", "drafter": "none", "k": 0, "tok_s": 10000.0},
+            {"kind": "race", "shape": "shipped", "mode": "invariant", "drafter": "lookup", "k": "4", "tok_s": 8000.0,
+             "tokens_per_step": 2.0},
+            {"kind": "race", "shape": "shipped", "mode": "invariant", "drafter": "lookup", "k": "8", "tok_s": 5000.0,
+             "tokens_per_step": 2.5},
+            {"kind": "peer", "shape": "shipped", "contestant": "plain", "tok_s": 100.0},
+            {"kind": "peer", "shape": "shipped", "contestant": "prompt_lookup_4", "tok_s": 150.0},
+            {"kind": "invariance", "shape": "olmoe-1b-7b", "batch": 1, "mode": "invariant", "median_ms": 2.0},
+            {"kind": "verify_cost", "shape": "olmoe-1b-7b", "mode": "invariant", "drafter": "lookup", "k": 0,
+             "median_ms": 2.5},
+            {"kind": "replay", "shape": "olmoe-1b-7b", "mode": "invariant", "drafter": "lookup", "k": "7",
+             "speedup_vs_invariant_plain": 1.7, "speedup_vs_default_plain": 1.1},
+            {"kind": "replay", "shape": "olmoe-1b-7b", "mode": "invariant", "drafter": "draft", "k": "3",
+             "skipped": "time budget"}]
+    s = gpu_sentences({"rows": rows})
+    assert s[0] == ("shipped model, batch 1: plain decoding 100 µs a token; prompt lookup (k=4) keeps 2.00 tokens "
+                    "a step at 250 µs a step: 0.80x plain")
+    assert s[1] == "transformers' generate: prompt_lookup_4 1.50x its plain generate (100 tok/s)"
+    assert s[2] == "olmoe-1b-7b: a speculative step at k=0 costs 2.500 ms, 1.25x the invariant decode step (2.000 ms)"
+    assert s[3] == "olmoe-1b-7b replay, lookup k=7: 1.70x the invariant plain decode, 1.10x the default one"
+    assert len(s) == 4  # the skipped row says nothing
