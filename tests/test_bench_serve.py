@@ -139,7 +139,7 @@ def test_serve_summary_sentences():
             {"part": "offline", "contestant": "hf_cb", "output_tok_s_at_most": 250.0, "requests_done": 3},
             {"part": "offline", "contestant": "hf_cb_dispatch", "did_not_run": "TimeoutError: warm-up"},
             online("ours", 4, 10, 20), online("ours", 8, 60, 30), online("hf_serve", 4, 20, 30),
-            online("hf_serve", 8, 50, 40),
+            online("hf_serve", 8, 50, 40), {"part": "online", "contestant": "url", "did_not_run": "no answer in 180 s"},
             {"part": "step", "batch": 1, "context": 512, "paged_over_static": 1.05},
             {"part": "step", "batch": 64, "context": 512, "paged_over_static": 0.98}]
     assert ss.offline_ratios(rows) == {"static": (2.5, False), "hf_cb": (4.0, True)}
@@ -148,7 +148,7 @@ def test_serve_summary_sentences():
     assert "not measured (TimeoutError: warm-up)" in s
     lines = ss.online_sentences(rows)
     assert "rate 4/s" in lines[0] and "TTFT p50 10 vs 20 ms ok" in lines[0] and "TPOT p99 40 vs 60 ms ok" in lines[0]
-    assert "TTFT p50 60 vs 50 ms BEHIND" in lines[1]
+    assert "TTFT p50 60 vs 50 ms BEHIND" in lines[1] and lines[2] == "url did not run: no answer in 180 s"
     assert lines[-2].endswith("4 requests/s") and lines[-1].endswith("none")  # TPOT p99 40 and 60 ms at 4/s
     assert "0.98-1.05x" in ss.step_sentence(rows)
     assert ss.offline_sentence(rows[1:]) == "offline: this engine was not measured"

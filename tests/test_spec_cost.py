@@ -126,8 +126,8 @@ def test_adaptive_k_within_5_percent_on_recorded_curves():
     curves = [[tr["cpu_step_ms"]["lookup"][str(k)] for k in range(9)]]
     gpu = recording()
     if gpu is not None:
-        for model in sorted({r["model"] for r in gpu["rows"] if r["kind"] == "verify_cost"}):
-            pts = {r["k"]: r["median_ms"] for r in gpu["rows"] if r["kind"] == "verify_cost" and r["model"] == model
+        for model in sorted({r["shape"] for r in gpu["rows"] if r["kind"] == "verify_cost"}):
+            pts = {r["k"]: r["median_ms"] for r in gpu["rows"] if r["kind"] == "verify_cost" and r["shape"] == model
                    and r["drafter"] == "lookup" and r["mode"] == "invariant"}
             if len(pts) == 9:
                 curves.append([pts[k] for k in range(9)])
@@ -219,4 +219,5 @@ def test_gpu_summary_of_a_recording():
     assert s["invariance"] == [{"model": "olmoe", "batch": 1, "default ms": 2.0, "invariant ms": 2.2,
                                 "x": pytest.approx(1.1)}]
     assert [r["x"] for r in s["race"]] == [1.0, 1.9, 1.2] and s["race"][1]["identical"] == 12
-    assert s["replay"] == [{"model": "mixtral-8x7b", "drafter": "lookup", "k": "2", "tok/s": 50.0, "x": 1.4}]
+    assert s["replay"] == [{"model": "mixtral-8x7b", "mode": "invariant", "drafter": "lookup", "k": "2", "tok/s": 50.0,
+                            "x": 1.4, "x invariant": None}]

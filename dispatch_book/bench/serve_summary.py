@@ -65,6 +65,8 @@ def online_sentences(rows: list[dict], tpot_p99_ms: float = 50.0) -> list[str]:
                     if x is not None and y is not None:
                         said.append(f"{m[:4].upper()} {q} {x:.0f} vs {y:.0f} ms {'ok' if x <= y else 'BEHIND'}")
             out.append(f"rate {rate:g}/s, this engine vs {NAMES.get(peer, peer)}: " + ", ".join(said))
+    for r in (r for r in rows if r.get("part") == "online" and r.get("did_not_run")):
+        out.append(f"{NAMES.get(r['contestant'], r['contestant'])} did not run: {r['did_not_run'][-90:]}")
     for name, rates in by.items():
         best = max_rate_within(list(rates.values()), tpot_p99_ms)
         out.append(f"{NAMES.get(name, name)}: highest rate measured with TPOT p99 <= {tpot_p99_ms:g} ms: "
