@@ -215,10 +215,12 @@ def gpu_summary(doc: dict) -> dict[str, list[dict]]:
              "identical": r.get("identical_to_plain_greedy", "")} for r in rows if r["kind"] == "race"]
     race += [{"contestant": f"transformers {r['contestant']}", "tok/s": r["tok_s"], "x": x(r["tok_s"]),
               "identical": r["identical_to_its_plain_greedy"]} for r in rows if r["kind"] == "peer"]
+    def own(r, mode):  # a plain row is 1.0 over its own mode's plain decode
+        return 1.0 if (r["drafter"], r["mode"]) == ("none", mode) else None
+
     replay = [{"model": r["shape"], "mode": r["mode"], "drafter": r["drafter"], "k": r["k"], "tok/s": r["tok_s"],
-               "x": r.get("speedup_vs_default_plain", 1.0 if (r["drafter"], r["mode"]) == ("none", "default") else None),
-               "x invariant": r.get("speedup_vs_invariant_plain",
-                                    1.0 if (r["drafter"], r["mode"]) == ("none", "invariant") else None)}
+               "x": r.get("speedup_vs_default_plain", own(r, "default")),
+               "x invariant": r.get("speedup_vs_invariant_plain", own(r, "invariant"))}
               for r in rows if r["kind"] == "replay"]
     return {"invariance": cost, "race": race, "replay": replay}
 
