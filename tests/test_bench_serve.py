@@ -140,8 +140,9 @@ def test_serve_summary_sentences():
             {"part": "offline", "contestant": "hf_cb_dispatch", "did_not_run": "TimeoutError: warm-up"},
             online("ours", 4, 10, 20), online("ours", 8, 60, 30), online("hf_serve", 4, 20, 30),
             online("hf_serve", 8, 50, 40), {"part": "online", "contestant": "url", "did_not_run": "no answer in 180 s"},
-            {"part": "step", "batch": 1, "context": 512, "paged_over_static": 1.05},
-            {"part": "step", "batch": 64, "context": 512, "paged_over_static": 0.98}]
+            {"part": "step", "batch": 1, "context": 512, "rows_held": 1, "paged_over_static": 1.05},
+            {"part": "step", "batch": 64, "context": 512, "rows_held": 64, "paged_over_static": 0.98},
+            {"part": "step", "batch": 256, "context": 512, "paged_over_static": 0.5}]  # rows not held: left out
     assert ss.offline_ratios(rows) == {"static": (2.5, False), "hf_cb": (4.0, True)}
     s = ss.offline_sentence(rows)
     assert "1,000 output tokens/s" in s and "2.50x the static" in s and "at least 4.00x" in s
@@ -150,5 +151,6 @@ def test_serve_summary_sentences():
     assert "rate 4/s" in lines[0] and "TTFT p50 10 vs 20 ms ok" in lines[0] and "TPOT p99 40 vs 60 ms ok" in lines[0]
     assert "TTFT p50 60 vs 50 ms BEHIND" in lines[1] and lines[2] == "url did not run: no answer in 180 s"
     assert lines[-2].endswith("4 requests/s") and lines[-1].endswith("none")  # TPOT p99 40 and 60 ms at 4/s
-    assert "0.98-1.05x" in ss.step_sentence(rows)
+    assert "0.98-1.05x" in ss.step_sentence(rows) and "batch 1, 64 (" in ss.step_sentence(rows)
+    assert "no graphed paged step" in ss.step_sentence(rows[-1:])
     assert ss.offline_sentence(rows[1:]) == "offline: this engine was not measured"

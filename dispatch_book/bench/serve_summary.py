@@ -3,7 +3,7 @@ the chapter's live run): what each race says, computed from the rows, printed un
 
     offline_sentence(rows)    ours' output tokens/s against each other offline contestant
     online_sentences(rows)    per rate: who is ahead at TTFT and TPOT p50/p99; the highest rate within a TPOT p99
-    step_sentence(rows)       the paged decode step against the static engine's, per batch
+    step_sentence(rows)       the paged decode step against the static engine's, per batch (held_steps)
 
 A contestant cut off mid-run (``output_tok_s_at_most``: it needed longer than it was given) enters as
 a bound: the ratio against it is "at least"; one that did not run or was skipped is named as such.
@@ -74,10 +74,16 @@ def online_sentences(rows: list[dict], tpot_p99_ms: float = 50.0) -> list[str]:
     return out
 
 
+def held_steps(rows: list[dict]) -> list[dict]:
+    """The decode-step rows measured at a fixed batch: every row of the batch ran through the timed steps
+    (``rows_held``), so the paged step and the static one time the same work."""
+    return [r for r in rows if r.get("part") == "step" and r.get("rows_held") == r.get("batch")]
+
+
 def step_sentence(rows: list[dict]) -> str:
-    steps = [r for r in rows if r.get("part") == "step" and r.get("paged_over_static")]
+    steps = [r for r in held_steps(rows) if r.get("paged_over_static")]
     if not steps:
-        return "decode step: no graphed paged step measured here"
+        return "decode step: this recording holds no graphed paged step at a fixed batch"
     worst = max(steps, key=lambda r: r["paged_over_static"])
     return (f"decode step through the paged cache: {min(r['paged_over_static'] for r in steps):.2f}-"
             f"{worst['paged_over_static']:.2f}x the static engine's at batch "
