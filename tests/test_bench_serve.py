@@ -154,3 +154,17 @@ def test_serve_summary_sentences():
     assert "0.98-1.05x" in ss.step_sentence(rows) and "batch 1, 64 (" in ss.step_sentence(rows)
     assert "no graphed paged step" in ss.step_sentence(rows[-1:])
     assert ss.offline_sentence(rows[1:]) == "offline: this engine was not measured"
+
+
+def test_one_time_stalls():
+    """A TTFT tail that falls as the rate rises is named; one that grows with it (a queue) is not."""
+    from dispatch_book.bench.serve_summary import one_time_stalls
+
+    def r(ttft99, tpot99):
+        return {"ttft_ms": {"p99": ttft99}, "tpot_ms": {"p99": tpot99}}
+
+    said = one_time_stalls("ours", {4: r(400, 10), 8: r(2000, 45), 16: r(2100, 40), 32: r(70, 16), 64: r(140, 18)})
+    assert [s.split(" at ")[1].split(" ")[0] for s in said] == ["4/s", "8/s", "16/s"]
+    assert said[1] == ("this engine: TTFT p99 2000 ms at 8/s but 70 ms at 32/s (TPOT p99 45 vs 16 ms): "
+                       "a tail that falls as the load rises is a one-time stall, not the queue")
+    assert one_time_stalls("ours", {4: r(50, 10), 8: r(80, 12), 16: r(400, 30)}) == []

@@ -66,7 +66,10 @@ def online_sentences(rows: list[dict], tpot_p99_ms: float = 50.0) -> list[str]:
                         said.append(f"{m[:4].upper()} {q} {x:.0f} vs {y:.0f} ms {'ok' if x <= y else 'BEHIND'}")
             out.append(f"rate {rate:g}/s, this engine vs {NAMES.get(peer, peer)}: " + ", ".join(said))
     for r in (r for r in rows if r.get("part") == "online" and r.get("did_not_run")):
-        out.append(f"{NAMES.get(r['contestant'], r['contestant'])} did not run: {r['did_not_run'][-90:]}")
+        why = r["did_not_run"].split(" | ")[-1].strip()[-120:]  # a server's log: its last line
+        out.append(f"{NAMES.get(r['contestant'], r['contestant'])} did not run: {why}")
+    for name, rates in by.items():
+        out += one_time_stalls(name, rates)
     for name, rates in by.items():
         best = max_rate_within(list(rates.values()), tpot_p99_ms)
         out.append(f"{NAMES.get(name, name)}: highest rate measured with TPOT p99 <= {tpot_p99_ms:g} ms: "
@@ -88,3 +91,22 @@ def step_sentence(rows: list[dict]) -> str:
     return (f"decode step through the paged cache: {min(r['paged_over_static'] for r in steps):.2f}-"
             f"{worst['paged_over_static']:.2f}x the static engine's at batch "
             + ", ".join(str(r["batch"]) for r in steps) + f" (context {worst['context']})")
+
+
+def one_time_stalls(name: str, rates: dict[float, dict], factor: float = 3.0) -> list[str]:
+    """A TTFT p99 more than ``factor`` times the p99 at a higher rate: a queue makes tails grow with the
+    load, so a tail that falls as it rises is work done once inside the slower run (a kernel compiled
+    the first time a step's token count needs it), and the TPOT tail of that run shows the same stall."""
+    out, order = [], sorted(rates)
+    for i, lo in enumerate(order):
+        hi = [r for r in order[i + 1:] if rates[r]["ttft_ms"].get("p99") is not None]
+        a = rates[lo]["ttft_ms"].get("p99")
+        if a is None or not hi:
+            continue
+        b = min(hi, key=lambda r: rates[r]["ttft_ms"]["p99"])
+        x, y = rates[lo], rates[b]
+        if a > factor * y["ttft_ms"]["p99"]:
+            out.append(f"{NAMES.get(name, name)}: TTFT p99 {a:.0f} ms at {lo:g}/s but {y['ttft_ms']['p99']:.0f} ms "
+                       f"at {b:g}/s (TPOT p99 {x['tpot_ms']['p99']:.0f} vs {y['tpot_ms']['p99']:.0f} ms): "
+                       "a tail that falls as the load rises is a one-time stall, not the queue")
+    return out
