@@ -9,6 +9,7 @@
 #   DISPATCH_GIT_COMMIT=<sha> [PARTS=step,offline,online,reliability] [RELIABILITY_N=2000] \
 #       dispatch_book/gpu/serve_run.sh "$OUT"
 #   DISPATCH_GIT_COMMIT=<sha> PARTS=reliability TESTS=0 dispatch_book/gpu/serve_run.sh "$OUT"   # 10,000 requests
+#   DISPATCH_GIT_COMMIT=<sha> PARTS=online CONTESTANTS=ours,hf_serve TOTAL=300 dispatch_book/gpu/serve_run.sh "$OUT"
 # Carry .whl (`make gpu-wheels`: aiohttp, and fastapi/uvicorn/... for `transformers serve`) when the image
 # lacks them. Writes $OUT/tests.log, $OUT/bench.log, $OUT/results/<gpu>/serve.json.
 set -u
@@ -27,6 +28,6 @@ PARTS=${PARTS:-step,offline,online,reliability}
 # the issue-sized reliability run (10,000 requests) in a call of its own; beside the races, 2,000
 [ "$PARTS" = reliability ] && N_DEFAULT=10000 || N_DEFAULT=2000
 timeout "$(left)" python3 -m dispatch_book.bench serve --out "$OUT/results" --budget-s $(( $(left) - 20 )) \
-    --parts "$PARTS" --reliability-n "${RELIABILITY_N:-$N_DEFAULT}" 2>&1 \
+    --parts "$PARTS" ${CONTESTANTS:+--contestants "$CONTESTANTS"} --reliability-n "${RELIABILITY_N:-$N_DEFAULT}" 2>&1 \
     | tee "$OUT/bench.log" | cut -c1-400 | tail -40
 echo "total $(( $(date +%s) - start )) s"
