@@ -25,8 +25,13 @@ def test_cpu_dry_run_writes_the_ceiling_and_the_handoff_rows(tmp_path, monkeypat
     main(["disagg_ipc", "--out", str(tmp_path), "--allow-dirty", "--tokens", "16,48", "--reps", "2"])
     doc = json.loads((tmp_path / "cpu" / "disagg_ipc.json").read_text())
     assert doc["benchmark"] == "disagg_ipc" and doc["settings"]["tokens"] == [16, 48]
-    rows = doc["rows"]
+    rows, tiles = doc["rows"][:4], doc["rows"][4:]
     assert [(r["part"], r["tokens"]) for r in rows] == [("copy", 16), ("handoff", 16), ("copy", 48), ("handoff", 48)]
+    # the copy kernel's launch shapes (the first two on a CPU), per prompt length
+    assert [(r["part"], r["tokens"], r["tile"], r["num_warps"]) for r in tiles] == [
+        ("tile", n, t, w) for n in (16, 48) for t, w in disagg_ipc.TILES[:2]]
+    size = {r["tokens"]: r["bytes"] for r in rows if r["part"] == "copy"}
+    assert all(r["gbps"] == size[r["tokens"]] / 0.5e6 for r in tiles)  # the same blocks, the fake 0.5 ms
     kvb = 2 * 2 * 2 * 16 * 4  # CPU: layers x K,V x heads x head_dim x fp32 bytes, per token
     for copy, h in (rows[:2], rows[2:]):
         assert copy["bytes"] == h["bytes"] == h["blocks"] * 16 * kvb and copy["gbps"] == copy["bytes"] / 0.5e6

@@ -144,6 +144,10 @@ def test_serve_summary_sentences():
             {"part": "step", "batch": 64, "context": 512, "rows_held": 64, "paged_over_static": 0.98},
             {"part": "step", "batch": 256, "context": 512, "paged_over_static": 0.5}]  # rows not held: left out
     assert ss.offline_ratios(rows) == {"static": (2.5, False), "hf_cb": (4.0, True)}
+    table = {r["contestant"]: r for r in ss.offline_table(rows)}
+    assert table["hf_cb"]["ours is x faster"] == 4.0 and table["hf_cb"]["note"].startswith("cut off, 3 done")
+    dnr = table["hf_cb_dispatch"]
+    assert dnr["ours is x faster"] is None and dnr["note"] == "TimeoutError: warm-up"
     s = ss.offline_sentence(rows)
     assert "1,000 output tokens/s" in s and "2.50x the static" in s and "at least 4.00x" in s
     assert "not measured (TimeoutError: warm-up)" in s

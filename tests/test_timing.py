@@ -10,6 +10,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The engines capture their steps once per batch bucket to serve them, not to time them: the lean
 # engine's decode step, the serving runner's mixed step, the speculative engine's verify step.
 SERVING_GRAPHS = {"dispatch/engine/engine.py", "dispatch/serve/runner.py", "dispatch/serve/speculative.py"}
+# The handoff bench's decode worker times its copy with events in its own process, inside the handoff
+# (waits on the other process's event included): nothing there can be captured in a graph.
+EVENT_SPANS = {"dispatch_book/bench/disagg_ipc.py"}
 
 
 def test_graphs_are_captured_and_timed_in_one_place():
@@ -18,6 +21,8 @@ def test_graphs_are_captured_and_timed_in_one_place():
         for p in (ROOT / folder).rglob("*.py"):
             rel = p.relative_to(ROOT).as_posix()
             hits = re.findall(r"elapsed_time\(|CUDAGraph\(\)|torch\.cuda\.graph\(", p.read_text())
+            if rel in EVENT_SPANS:
+                hits = [h for h in hits if h != "elapsed_time("]
             if hits and rel not in SERVING_GRAPHS | {"dispatch/timing.py"}:
                 found[rel] = hits
     assert found == {}

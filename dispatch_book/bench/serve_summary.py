@@ -1,6 +1,7 @@
 """Chapter 8's sentences about a serving recording (``python -m dispatch_book.bench serve``'s rows, or
 the chapter's live run): what each race says, computed from the rows, printed under its table.
 
+    offline_table(rows)       the offline race as a table (tokens/s, wall time, ours' ratio)
     offline_sentence(rows)    ours' output tokens/s against each other offline contestant
     online_sentences(rows)    per rate: who is ahead at TTFT and TPOT p50/p99; the highest rate within a TPOT p99
     step_sentence(rows)       the paged decode step against the static engine's, per batch (held_steps)
@@ -32,6 +33,21 @@ def offline_ratios(rows: list[dict]) -> dict[str, tuple[float, bool]]:
             out[name] = (ours / r["output_tok_s"], False)
         elif r.get("output_tok_s_at_most"):
             out[name] = (ours / r["output_tok_s_at_most"], True)
+    return out
+
+
+def offline_table(rows: list[dict]) -> list[dict]:
+    """The offline race as the chapter's table: tokens/s (a cut-off run's bound), wall time, ours' ratio
+    (a lower bound against a cut-off run, as its note says)."""
+    off = [r for r in rows if r.get("part") == "offline"]
+    ours = next((r.get("output_tok_s") for r in off if r["contestant"] == "ours"), None)
+    out = []
+    for r in off:
+        rate = r.get("output_tok_s") or r.get("output_tok_s_at_most")
+        note = (f"cut off, {r['requests_done']} done: x is at least" if "output_tok_s_at_most" in r
+                else (r.get("did_not_run") or r.get("skipped") or "")[:28])
+        out.append({"contestant": r["contestant"], "output tok/s": rate, "wall s": r.get("wall_s"),
+                    "ours is x faster": ours / rate if ours and rate else None, "note": note})
     return out
 
 
