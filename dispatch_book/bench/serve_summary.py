@@ -39,16 +39,20 @@ def offline_ratios(rows: list[dict]) -> dict[str, tuple[float, bool]]:
 def offline_table(rows: list[dict]) -> list[dict]:
     """The offline race as the chapter's table: tokens/s (a cut-off run's bound), wall time, ours' ratio
     (a lower bound against a cut-off run, as its note says)."""
-    off = [r for r in rows if r.get("part") == "offline"]
-    ours = next((r.get("output_tok_s") for r in off if r["contestant"] == "ours"), None)
+    ratios = offline_ratios(rows)
     out = []
-    for r in off:
-        rate = r.get("output_tok_s") or r.get("output_tok_s_at_most")
-        note = (f"cut off, {r['requests_done']} done: x is at least" if "output_tok_s_at_most" in r
-                else (r.get("did_not_run") or r.get("skipped") or "")[:28])
-        out.append({"contestant": r["contestant"], "output tok/s": rate, "wall s": r.get("wall_s"),
-                    "ours is x faster": ours / rate if ours and rate else None, "note": note})
+    for r in (r for r in rows if r.get("part") == "offline"):
+        name = r["contestant"]
+        note = f"cut off, {r['requests_done']} done: x is at least" if "output_tok_s_at_most" in r else _why(r, 28)
+        x = 1.0 if name == "ours" and r.get("output_tok_s") else ratios.get(name, (None,))[0]
+        out.append({"contestant": name, "output tok/s": r.get("output_tok_s") or r.get("output_tok_s_at_most"),
+                    "wall s": r.get("wall_s"), "ours is x faster": x, "note": note})
     return out
+
+
+def _why(r: dict, n: int) -> str:
+    """Why a contestant has no number: its recorded reason, cut to ``n`` characters."""
+    return (r.get("did_not_run") or r.get("skipped") or "")[:n]
 
 
 def offline_sentence(rows: list[dict]) -> str:
@@ -57,7 +61,7 @@ def offline_sentence(rows: list[dict]) -> str:
         return "offline: this engine was not measured"
     ratios = offline_ratios(rows)
     parts = [f"{'at least ' if low else ''}{x:.2f}x {NAMES.get(n, n)}" for n, (x, low) in ratios.items()]
-    parts += [f"{NAMES.get(n, n)} not measured ({(r.get('did_not_run') or r.get('skipped') or '')[:60]})"
+    parts += [f"{NAMES.get(n, n)} not measured ({_why(r, 60)})"
               for n, r in off.items() if n != "ours" and n not in ratios]
     return f"offline: this engine {off['ours']['output_tok_s']:,.0f} output tokens/s: " + "; ".join(parts)
 
