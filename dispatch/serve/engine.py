@@ -229,7 +229,7 @@ class LLMEngine:
             hits = [i for i in (text.find(s) for s in p.stop) if i >= 0]
             if hits:
                 out.finish_reason, out.stop_at = "stop", min(hits)
-        if out.finish_reason is None and len(seq.output) >= p.max_tokens:
+        if out.finish_reason is None and len(seq.tokens) - len(seq.prompt) >= p.max_tokens:
             out.finish_reason = "length"
         if out.finish_reason is not None:
             out.finished = True
