@@ -143,7 +143,8 @@ def step_rows(lean, batches: list[int], ctx: int, steps: int = 30) -> list[dict]
         sync()
         t_engine = (time.perf_counter() - t0) / steps * 1e3
         assert len(eng.scheduler.running) == B, "a row finished inside the timed steps"
-        row = {"part": "step", "batch": B, "context": ctx, "static_ms": t_static, "engine_step_ms": t_engine}
+        row = {"part": "step", "batch": B, "context": ctx, "rows_held": B, "static_ms": t_static,
+               "engine_step_ms": t_engine}  # rows_held: every row ran through the timed steps
         if eng.runner._graphs:
             G = bucket(B)
             sync()
