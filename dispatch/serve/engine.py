@@ -116,10 +116,18 @@ class LLMEngine:
 
     def warmup(self) -> None:
         """Compile the kernels (one short request) and, with CUDA graphs, capture every decode bucket
-        now rather than in the middle of the first requests that need them."""
+        now rather than in the middle of the first requests that need them. On a GPU also one prompt of
+        each power-of-two length up to the step budget: a step's token count picks the experts path and
+        its tiles (and the prefill kernels their shapes), and each pick compiles the first time it runs —
+        seconds in the middle of a request's first token otherwise."""
         if self.has_work():
             raise RuntimeError("warm up before adding requests")
         self.generate([[1] * min(4, self.max_model_len - 2)], RequestParams(max_tokens=2, ignore_eos=True))
+        if self.dev.type == "cuda":
+            n = 8
+            while n <= min(self.cfg.max_step_tokens, self.max_model_len - 2):
+                self.generate([[1] * n], RequestParams(max_tokens=1, ignore_eos=True))
+                n *= 2
         if self.runner.graphs:
             self.runner.capture_all()
         self.steps, self.step_tokens = 0, []
