@@ -124,9 +124,10 @@ class LLMEngine:
             raise RuntimeError("warm up before adding requests")
         self.generate([[1] * min(4, self.max_model_len - 2)], RequestParams(max_tokens=2, ignore_eos=True))
         if self.dev.type == "cuda":
-            n = 8
-            while n <= min(self.cfg.max_step_tokens, self.max_model_len - 2):
-                self.generate([[1] * n], RequestParams(max_tokens=1, ignore_eos=True))
+            n, V = 8, self.lean.embed.shape[0]
+            while n <= min(self.cfg.max_step_tokens, self.max_model_len - 2):  # a token of its own per
+                tok = 2 + n.bit_length() % (V - 2)  # length: no cached prefix shortens the step
+                self.generate([[tok] * n], RequestParams(max_tokens=1, ignore_eos=True))
                 n *= 2
         if self.runner.graphs:
             self.runner.capture_all()
