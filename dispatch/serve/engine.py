@@ -116,10 +116,19 @@ class LLMEngine:
 
     def warmup(self) -> None:
         """Compile the kernels (one short request) and, with CUDA graphs, capture every decode bucket
-        now rather than in the middle of the first requests that need them."""
+        now rather than in the middle of the first requests that need them. On a GPU also one prompt of
+        each power-of-two length up to the step budget: a step's token count picks the experts path and
+        its tiles (and the prefill kernels their shapes), and each pick compiles the first time it runs —
+        seconds in the middle of a request's first token otherwise."""
         if self.has_work():
             raise RuntimeError("warm up before adding requests")
         self.generate([[1] * min(4, self.max_model_len - 2)], RequestParams(max_tokens=2, ignore_eos=True))
+        if self.dev.type == "cuda":
+            n, V = 8, self.lean.embed.shape[0]
+            while n <= min(self.cfg.max_step_tokens, self.max_model_len - 2):  # a token of its own per
+                tok = 2 + n.bit_length() % (V - 2)  # length: no cached prefix shortens the step
+                self.generate([[tok] * n], RequestParams(max_tokens=1, ignore_eos=True))
+                n *= 2
         if self.runner.graphs:
             self.runner.capture_all()
         self.steps, self.step_tokens = 0, []
@@ -229,7 +238,7 @@ class LLMEngine:
             hits = [i for i in (text.find(s) for s in p.stop) if i >= 0]
             if hits:
                 out.finish_reason, out.stop_at = "stop", min(hits)
-        if out.finish_reason is None and len(seq.output) >= p.max_tokens:
+        if out.finish_reason is None and len(seq.tokens) - len(seq.prompt) >= p.max_tokens:
             out.finish_reason = "length"
         if out.finish_reason is not None:
             out.finished = True

@@ -32,7 +32,7 @@ class ModelRunner:
         self.kv = new_kv_cache(lean, num_blocks, block_size)
         self.scratch_block = num_blocks  # padding rows of a graph write here
         self.table = np.full((max_seqs, self.M), self.scratch_block, dtype=np.int32)
-        self.known = np.zeros(max_seqs, dtype=np.int64)  # blocks of each row already written
+        self.known = [0] * max_seqs  # blocks of each row already written
         self.free_rows = list(range(max_seqs - 1, -1, -1))
         self.row_of: dict[int, int] = {}  # sequence id → its table row
         self.max_seqs = max_seqs
@@ -46,7 +46,7 @@ class ModelRunner:
         if r is None:
             r = self.row_of[seq.id] = self.free_rows.pop()
             self.known[r] = 0
-        blocks, k = seq.table.blocks, int(self.known[r])
+        blocks, k = seq.table.blocks, self.known[r]
         if len(blocks) > k:
             self.table[r, k:len(blocks)] = blocks[k:]
             self.known[r] = len(blocks)
@@ -65,14 +65,12 @@ class ModelRunner:
 
     def build(self, step: Scheduled) -> tuple[StepBatch, list[Sequence]]:
         """The step's tensors and the sequences whose logits it returns (in row order)."""
-        ids, pos, rows, wanted, out = [], [], [], [], []
-        for seq in step.decode:
-            rows.append(self._row(seq))
-            ids.append(seq.tokens[seq.computed])
-            pos.append(seq.computed)
-            wanted.append(len(wanted))
-            out.append(seq)
-        B = len(ids)
+        out = list(step.decode)
+        B = len(out)
+        rows = [self._row(seq) for seq in out]
+        ids = [seq.tokens[seq.computed] for seq in out]
+        pos = [seq.computed for seq in out]
+        wanted = list(range(B))
         c_rows, q_start, q_len, ctx = [], [], [], []
         for seq, n in step.chunks:
             c_rows.append(self._row(seq))

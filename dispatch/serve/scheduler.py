@@ -122,10 +122,12 @@ class Scheduler:
     def schedule(self) -> Scheduled:
         """The next step's sequences (see the module docstring); may preempt, never raises."""
         out, budget, gone = Scheduled(), self.cfg.max_step_tokens, set()  # gone: ids preempted just now
+        bs = self.alloc.block_size
         for seq in list(self.running):  # 1. decode rows, oldest first
-            if seq.id in gone or seq.left != 1 or budget == 0:
+            n = len(seq.tokens)
+            if n - seq.computed != 1 or budget == 0 or seq.id in gone:
                 continue
-            while not self.alloc.grow(seq.table, len(seq.tokens)):
+            while n > len(seq.table.blocks) * bs and not self.alloc.grow(seq.table, n):  # a new block, if due
                 victim = self.running[-1]
                 self._preempt(victim)
                 gone.add(victim.id)
@@ -139,7 +141,7 @@ class Scheduler:
                 out.decode.append(seq)
                 budget -= 1
         for seq in self.running:  # 2. prompts in progress (their blocks are taken at admission)
-            if seq.left > 1 and budget > 0:
+            if budget > 0 and len(seq.tokens) - seq.computed > 1:
                 n = self._chunk(seq, budget, alone=not out)
                 if n:
                     out.chunks.append((seq, n))
@@ -180,12 +182,16 @@ class Scheduler:
     def after_step(self, step: Scheduled) -> list[Sequence]:
         """Advance ``computed`` by what ran; commit full blocks to the prefix cache. Returns the
         sequences that now need a new token (caught up with their tokens)."""
-        ready = []
-        for seq, n in [(s, 1) for s in step.decode] + step.chunks:
-            if seq.done:
-                continue
-            seq.computed += n
-            self.alloc.commit(seq.table, seq.tokens, seq.computed)
-            if seq.computed == len(seq.tokens):
-                ready.append(seq)
+        ready, commit = [], self.alloc.commit
+        for seq in step.decode:
+            if not seq.done:
+                seq.computed += 1
+                commit(seq.table, seq.tokens, seq.computed)
+                ready.append(seq)  # a decode row computed its one token left
+        for seq, n in step.chunks:
+            if not seq.done:
+                seq.computed += n
+                commit(seq.table, seq.tokens, seq.computed)
+                if seq.computed == len(seq.tokens):
+                    ready.append(seq)
         return ready

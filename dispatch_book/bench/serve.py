@@ -105,6 +105,7 @@ def _free():
 def step_rows(lean, batches: list[int], ctx: int, steps: int = 30) -> list[dict]:
     """Decode-only step time (ms): static graph replay, paged graph replay, the whole LLMEngine.step."""
     from dispatch.engine import Engine
+    from dispatch.engine.engine import bucket
     from dispatch.serve import EngineConfig, LLMEngine, RequestParams
 
     rows, sync = [], (torch.cuda.synchronize if runtime.HAS_CUDA else (lambda: None))
@@ -112,6 +113,10 @@ def step_rows(lean, batches: list[int], ctx: int, steps: int = 30) -> list[dict]
     for B in batches:
         prompts = torch.randint(2, lean.embed.shape[0], (B, ctx), generator=g).tolist()
         seq = ctx + 2 * steps + 16
+        # big prefill steps (a few of them): the first rows decode while the last prompts fill, so the
+        # contexts stay near ctx, and no row may finish before the timed steps end
+        budget = max(2 * B, ctx, B * ctx // 8)
+        new = -(-B * ctx // (budget - B)) + 2 * steps + 8
         static = Engine(lean, max_batch=B, max_seq=-(-seq // 16) * 16)
         static.generate(prompts, 2)
         sync()
@@ -122,22 +127,26 @@ def step_rows(lean, batches: list[int], ctx: int, steps: int = 30) -> list[dict]
         t_static = (time.perf_counter() - t0) / steps * 1e3
         del static
         _free()
-        eng = LLMEngine(lean, EngineConfig(max_seqs=B, max_step_tokens=max(B, ctx), max_model_len=-(-seq // 16) * 16),
-                        eos_token_ids=())
+        cfg = EngineConfig(max_seqs=B, max_step_tokens=budget, max_model_len=-(-(ctx + new) // 16) * 16)
+        eng = LLMEngine(lean, cfg, eos_token_ids=())
+        eng.warmup()  # every bucket captured before the clock runs
         for p in prompts:
-            eng.add_request(p, RequestParams(max_tokens=2 * steps + 4, ignore_eos=True))
+            eng.add_request(p, RequestParams(max_tokens=new, ignore_eos=True))
         while eng.scheduler.waiting or any(s.left > 1 for s in eng.scheduler.running):
             eng.step()  # prefill every prompt; from here on each step is decode-only
         eng.step()
+        assert len(eng.scheduler.running) == B, "a row finished before the timed steps"
         sync()
         t0 = time.perf_counter()
         for _ in range(steps):
             eng.step()
         sync()
         t_engine = (time.perf_counter() - t0) / steps * 1e3
-        row = {"part": "step", "batch": B, "context": ctx, "static_ms": t_static, "engine_step_ms": t_engine}
+        assert len(eng.scheduler.running) == B, "a row finished inside the timed steps"
+        row = {"part": "step", "batch": B, "context": ctx, "rows_held": B, "static_ms": t_static,
+               "engine_step_ms": t_engine}  # rows_held: every row ran through the timed steps
         if eng.runner._graphs:
-            G = max(eng.runner._graphs)
+            G = bucket(B)
             sync()
             t0 = time.perf_counter()
             for _ in range(steps):
