@@ -114,7 +114,14 @@ def test_live_run_is_bounded():
     rows = serve_live.live(ck, n=3, prompt=(4, 8), output=(4, 8), rates=(64.0,), budget_s=1e-3)
     assert time.perf_counter() - t0 < 120
     by = {(r["part"], r["contestant"]): r for r in rows}
-    assert by[("offline", "ours")]["output_tokens"] == sum(r.max_tokens for r in reqs)
+    ours = by[("offline", "ours")]
+    assert ours["output_tokens"] == sum(r.max_tokens for r in reqs)
+    where = ours["where"]  # every step counted once, in one of the two kinds; every prompt token prefilled
+    assert where["decode"]["steps"] + where["mixed"]["steps"] == ours["steps"]
+    assert where["mixed"]["prefill_tokens"] == sum(len(r.prompt) for r in reqs)
+    assert 0 < where["decode"]["s"] + where["mixed"]["s"] <= ours["wall_s"]
+    # a decode row attends to its whole sequence so far: at least its prompt and one token
+    assert where["decode"]["kv_tokens"] >= where["decode"]["rows"] * (min(len(r.prompt) for r in reqs) + 1)
     hf = by[("offline", "hf_cb")]
     assert "MainThread" in hf["stacks"]
     if "did_not_finish" in hf:  # cut off mid-run: its throughput bound, from every token it was asked for

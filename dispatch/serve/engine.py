@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -31,6 +32,21 @@ from dispatch.serve.model import kv_bytes_per_token
 from dispatch.serve.request import DEFAULT, Completion, RequestOutput, RequestParams
 from dispatch.serve.runner import ModelRunner
 from dispatch.serve.scheduler import QueueFull, Scheduler, SchedulerConfig, Sequence  # noqa: F401
+
+
+class StepStat(NamedTuple):
+    """One step as it ran: decode rows, prompt tokens in chunks, the cached positions the decode
+    rows attended to (the KV tokens read per layer) and its wall time — the host's work and the
+    device's, which the step waits for when it reads its tokens back."""
+
+    decode_rows: int
+    prefill_tokens: int
+    kv_tokens: int
+    seconds: float
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_rows + self.prefill_tokens
 
 
 @dataclass(frozen=True)
@@ -105,7 +121,7 @@ class LLMEngine:
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
         self.steps = 0
-        self.step_tokens: list[int] = []  # tokens per step (the MoE layer's T), for the chapter
+        self.step_log: list[StepStat] = []  # every step since the warm-up, for the chapter and the benches
 
     def _auto_blocks(self) -> int:
         per_block = kv_bytes_per_token(self.lean) * self.cfg.block_size
@@ -131,7 +147,7 @@ class LLMEngine:
                 n *= 2
         if self.runner.graphs:
             self.runner.capture_all()
-        self.steps, self.step_tokens = 0, []
+        self.steps, self.step_log = 0, []
 
     # ---- requests ----
     def check_request(self, prompt: list[int], params: RequestParams) -> None:
@@ -174,13 +190,14 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample, retire what finished. Outputs of the requests that
         got a token this step."""
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         for seq in sched.preempted:
             self.runner.release(seq)
         if not sched:
             return []
         self.steps += 1
-        self.step_tokens.append(sched.num_tokens)
+        kv = sum(len(s.tokens) for s in sched.decode)
         logits, seqs = self.runner.run(sched)
         ready = self.scheduler.after_step(sched)
         assert [s.id for s in ready] == [s.id for s in seqs], "the runner's rows and the scheduler's disagree"
@@ -195,7 +212,14 @@ class LLMEngine:
             outs.append(self._check_stop(req, tok))
             if seq.id in lps:
                 outs[-1].logprobs = [lps[seq.id]]
+        self.step_log.append(StepStat(len(sched.decode), sched.num_tokens - len(sched.decode), kv,
+                                      time.perf_counter() - t0))
         return outs
+
+    @property
+    def step_tokens(self) -> list[int]:
+        """Tokens per step (the MoE layer's T)."""
+        return [s.tokens for s in self.step_log]
 
     def _sample(self, logits_RV: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Next token per row [R] on the device: argmax, or the request's own seeded draw."""
