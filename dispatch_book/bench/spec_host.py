@@ -8,9 +8,11 @@ speculative decoding with prompt lookup at k = 1, 4, 8: µs per decode step (the
 ``--repeats`` runs of ``decode_s / decode_steps``), with the real forward and with the forward
 stubbed (a precomputed all-zero logits tensor: every step then keeps all k drafts, and what is left
 is the step's own work — drafting, acceptance, rollback — and the Python loop that reads it).
-Per speculative step (stubbed): aten ops (each one a kernel in the step's CUDA graph on a GPU) and
-host syncs (``.item()``/``.tolist()`` of a device tensor, an Event wait: one is the least a step
-can read its tokens with). ``--profile``: cProfile's top functions of the stubbed k=8 run.
+Per speculative step (stubbed), counted as aten ops that are not views: those of the step (each
+one a kernel in the step's CUDA graph on a GPU), those of the decode loop around it (its
+device-to-host copies: ``_to_copy``/``copy_``), and implicit syncs (``.item()``, ``nonzero``, … of a
+device tensor). The loop's Event wait (one per step on a GPU) has no CPU counterpart: read the code.
+``--profile``: cProfile's top functions of the stubbed k=8 run.
 """
 from __future__ import annotations
 
@@ -27,21 +29,34 @@ NEW, KS = 64, (1, 4, 8)
 
 
 class OpCount(TorchDispatchMode):
-    """Counts aten ops; ``syncs``: the ones that read a device value on the host."""
+    """Counts non-view aten ops of a speculative engine's decode: in its step and in the loop."""
 
-    SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_to_copy"}
+    SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique"}
 
-    def __init__(self):
+    def __init__(self, spec):
         super().__init__()
-        self.ops = Counter()
+        self.step, self.loop, self.where = Counter(), Counter(), None
+        run, prepare = spec._run_spec, spec.prepare
+
+        def counted_run(*a):
+            self.where = self.step
+            run(*a)
+            self.where = self.loop
+
+        def counted_prepare(*a):
+            out = prepare(*a)
+            self.where = self.loop
+            return out
+        spec._run_spec, spec.prepare = counted_run, counted_prepare
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.__name__.split(".")[0]] += 1
+        if self.where is not None and not func.is_view:
+            self.where[func.__name__.split(".")[0]] += 1
         return func(*args, **(kwargs or {}))
 
     @property
     def syncs(self) -> int:
-        return sum(v for k, v in self.ops.items() if k in self.SYNC)
+        return sum(v for c in (self.step, self.loop) for k, v in c.items() if k in self.SYNC)
 
 
 def stub(model, vocab: int, seq: int) -> None:
@@ -86,14 +101,15 @@ def main(argv=None) -> None:
             spec = SpeculativeEngine(model, PromptLookup(), k=k, max_seq=160)
             print(f"{label:>16}  lookup k={k}  {step_us(spec, prompts, a.repeats):8.1f} µs/step")
             if stubbed:
-                with OpCount() as c:
+                with OpCount(spec) as c:
                     out = spec.generate(prompts[:1], NEW)
                 steps = len(out.extra["k"]) + 1  # the last step runs but is not read
-                print(f"{'':>16}    per step: {sum(c.ops.values()) / steps:.1f} aten ops, "
-                      f"{c.syncs / steps:.2f} syncs; {c.ops.most_common(6)}")
+                print(f"{'':>16}    per step: {sum(c.step.values()) / steps:.1f} ops in the step, "
+                      f"{sum(c.loop.values()) / steps:.1f} in the loop {dict(c.loop)}, {c.syncs / steps:.2f} "
+                      f"implicit syncs")
                 if a.profile and k == max(KS):
                     prof = cProfile.Profile()
-                    prof.runcall(lambda: [spec.generate([p], NEW) for p in prompts])
+                    prof.runcall(lambda s=spec: [s.generate([p], NEW) for p in prompts])
                     pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
