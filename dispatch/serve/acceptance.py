@@ -44,7 +44,7 @@ def _check(drafts_BK: torch.Tensor, logits_BK1V: torch.Tensor) -> tuple[int, int
 
 def leading(accept_BK: torch.Tensor) -> torch.Tensor:
     """The number of leading True per row, int64 [B] (the drafts kept before the first refusal)."""
-    return accept_BK.long().cumprod(dim=1).sum(dim=1)
+    return accept_BK.cumprod(dim=1).sum(dim=1)  # a bool cumprod counts in int64
 
 
 def greedy_accept(drafts_BK: torch.Tensor, logits_BK1V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,13 +38,14 @@ from dispatch.engine.sampling import SamplingParams, load_sampling
 from dispatch.serve.acceptance import greedy_accept, speculative_sample
 
 
-def advance(hist_BS, pos_B, out_BK1, n_B, cap_B) -> torch.Tensor:
+def advance(hist_BS, pos_B, out_BK1, n_B, cap_B, steps=None) -> torch.Tensor:
     """Write each row's emitted tokens ``out[b, :adv_b]`` at positions pos+1 .. pos+adv and move
     ``pos_B`` (in place) by adv = min(n + 1, cap − pos): the rows never pass their cap (the position
-    of their last allowed token). Returns adv_B. The cache needs nothing more (see the module)."""
+    of their last allowed token). Returns adv_B. The cache needs nothing more (see the module).
+    ``steps``: a tensor 0, 1, … of at least k+1 entries (made once by the caller; else here)."""
     k1 = out_BK1.shape[1]
     adv_B = torch.minimum(n_B + 1, (cap_B - pos_B).clamp(min=0))
-    j = torch.arange(k1, device=pos_B.device)[None, :]
+    j = (steps[:k1] if steps is not None else torch.arange(k1, device=pos_B.device))[None, :]
     idx = (pos_B[:, None] + 1 + j).clamp(max=hist_BS.shape[1] - 1)
     keep = hist_BS.gather(1, idx)
     hist_BS.scatter_(1, idx, torch.where(j < adv_B[:, None], out_BK1, keep))
@@ -72,7 +73,9 @@ class SpeculativeEngine(Engine):
         z = dict(device=self.dev, dtype=torch.long)
         self.hist_BS = torch.zeros(self.max_batch, self.max_seq, **z)
         self.cap_B = torch.zeros(self.max_batch, **z)
-        self.out_BK1, self.adv_B = torch.zeros(self.max_batch, k + 1, **z), torch.zeros(self.max_batch, **z)
+        self.steps = torch.arange(k + 1, **z)
+        # what the host reads of a step, in one copy: [adv, out_0 .. out_k] per row
+        self.res_BK2 = torch.zeros(self.max_batch, k + 2, **z)
         drafter.bind(self)
 
     # ---- one speculative step over fixed buffers (what a graph captures) ----
@@ -80,7 +83,7 @@ class SpeculativeEngine(Engine):
         with torch.no_grad():
             drafts_BK, q_BKV = self.drafter.propose(self, B, k, greedy)
             ids_BK1 = torch.cat([self.tok_B[:B, None], drafts_BK], dim=1)
-            pos_BK1 = self.pos_B[:B, None] + torch.arange(k + 1, device=self.dev)
+            pos_BK1 = self.pos_B[:B, None] + self.steps[:k + 1]
             logits = self.model(ids_BK1, pos_BK1, self.cache, prefill=False)
             if greedy:
                 out_BK1, n_B = greedy_accept(drafts_BK, logits)
@@ -90,10 +93,10 @@ class SpeculativeEngine(Engine):
             forced = getattr(self.drafter, "forced", None)  # a replay: the recorded outcome, same work
             if forced is not None:
                 out_BK1, n_B = forced(self, B, k)
-            adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B])
+            adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.steps)
             self.tok_B[:B].copy_(self.hist_BS[:B].gather(1, self.pos_B[:B, None])[:, 0])
-            self.out_BK1[:B, :k + 1].copy_(out_BK1)
-            self.adv_B[:B].copy_(adv_B)
+            self.res_BK2[:B, 0].copy_(adv_B)
+            self.res_BK2[:B, 1:k + 2].copy_(out_BK1)
 
     def capture_spec(self, B: int, k: int, greedy: bool) -> None:
         """Record the step of bucket B with k drafts as a CUDA graph (before prefill: scratch state)."""
@@ -178,27 +181,29 @@ class SpeculativeEngine(Engine):
         stats.ttft_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         accepted, ks = [], []
-        pending = None
+        # two host slots, filled in turn: a step's copy lands in one while the other is read
+        host = [torch.empty(n, self.k + 2, dtype=torch.long, pin_memory=self.dev.type == "cuda") for _ in range(2)]
+        events = [torch.cuda.Event() if self.dev.type == "cuda" else None for _ in range(2)]
+        pending, i = None, 0
         while not all(done):
             k = self.adaptive.choose() if self.adaptive else self.k
             self._run_spec(B, k, params.greedy)
-            res = (k, self.out_BK1[:n, :k + 1].to("cpu", non_blocking=True, copy=True),
-                   self.adv_B[:n].to("cpu", non_blocking=True, copy=True))
-            ev = torch.cuda.Event() if self.dev.type == "cuda" else None
-            if ev is not None:
-                ev.record()
+            host[i].copy_(self.res_BK2[:n], non_blocking=True)
+            if events[i] is not None:
+                events[i].record()
             if pending is not None:  # the step before this one: read while this one runs
-                yield self._emit(pending, done, emitted, stop, max_new_tokens, accepted, ks)
-            pending = (res, ev)
+                yield self._emit(pending, host, events, done, emitted, stop, max_new_tokens, accepted, ks)
+            pending, i = (k, i), 1 - i
         sync()  # the last step ran while the one before it was read, and is not needed
         stats.decode_s, stats.decode_steps = time.perf_counter() - t1, len(ks)  # steps whose tokens were read
         stats.extra.update(accepted=accepted, k=ks)
 
-    def _emit(self, pending, done, emitted, stop, max_new, accepted, ks) -> list[list[int]]:
-        (k, out, adv), ev = pending
-        if ev is not None:
-            ev.synchronize()
-        out, adv = out.tolist(), adv.tolist()
+    def _emit(self, pending, host, events, done, emitted, stop, max_new, accepted, ks) -> list[list[int]]:
+        k, i = pending
+        if events[i] is not None:
+            events[i].synchronize()  # the one wait of a step
+        rows = host[i].tolist()
+        adv, out = [r[0] for r in rows], [r[1:k + 2] for r in rows]
         ks.append(k)
         accepted.append([max(a - 1, 0) for a in adv])
         if self.adaptive is not None:
