@@ -27,6 +27,7 @@ def _sync(dev) -> None:
 def ours(lean, reqs, *, max_seqs: int = 256, max_step_tokens: int = 2048, graphs: bool | None = None,
          num_blocks: int | None = None) -> dict:
     from dispatch.serve import EngineConfig, LLMEngine, RequestParams
+    from dispatch.serve.model import kv_bytes_per_token
 
     longest = max(len(r.prompt) + r.max_tokens for r in reqs)
     eng = LLMEngine(lean, EngineConfig(max_seqs=max_seqs, max_step_tokens=max_step_tokens, graphs=graphs,
@@ -42,9 +43,25 @@ def ours(lean, reqs, *, max_seqs: int = 256, max_step_tokens: int = 2048, graphs
     ttft = sorted(o.ttft_s for o in outs)
     res = {"output_tokens": n, "wall_s": wall, "output_tok_s": n / wall, "steps": eng.steps,
            "mean_step_tokens": sum(eng.step_tokens) / max(len(eng.step_tokens), 1),
-           "kv_blocks": eng.alloc.num_blocks, "ttft_p50_s": ttft[len(ttft) // 2]}
+           "kv_blocks": eng.alloc.num_blocks, "ttft_p50_s": ttft[len(ttft) // 2],
+           "where": step_split(eng.step_log), "kv_bytes_per_token": kv_bytes_per_token(lean)}
     del eng
     return res
+
+
+def step_split(log) -> dict:
+    """Where a run's time went: {"decode"|"mixed": {"steps", "s", "rows", "kv_tokens", "prefill_tokens"}}
+    over :class:`dispatch.serve.engine.StepStat` records — decode-only steps (graph replays on a GPU)
+    and steps with a prompt chunk."""
+    out = {k: {"steps": 0, "s": 0.0, "rows": 0, "kv_tokens": 0, "prefill_tokens": 0} for k in ("decode", "mixed")}
+    for st in log:
+        d = out["mixed" if st.prefill_tokens else "decode"]
+        d["steps"] += 1
+        d["s"] += st.seconds
+        d["rows"] += st.decode_rows
+        d["kv_tokens"] += st.kv_tokens
+        d["prefill_tokens"] += st.prefill_tokens
+    return out
 
 
 def static(lean, reqs, *, batch: int) -> dict:
