@@ -165,6 +165,13 @@ def test_serve_summary_sentences():
     assert "0.98-1.05x" in ss.step_sentence(rows) and "batch 1, 64 (" in ss.step_sentence(rows)
     assert "no graphed paged step" in ss.step_sentence(rows[-1:])
     assert ss.offline_sentence(rows[1:]) == "offline: this engine was not measured"
+    assert ss.where_sentence(rows) == ""  # no step record: nothing said
+    rows[0].update(wall_s=10.0, kv_bytes_per_token=1000, where={
+        "decode": {"steps": 100, "s": 6.0, "rows": 20000, "kv_tokens": 300_000_000, "prefill_tokens": 0},
+        "mixed": {"steps": 10, "s": 3.0, "rows": 500, "kv_tokens": 0, "prefill_tokens": 20000}})
+    w = ss.where_sentence(rows)  # 3e8 tokens x 1000 B / 100 steps = 3 GB a step; 20000 / 10 prompt tokens
+    assert "100 decode-only steps, 6.0 s (60.0 ms each, 200 rows and 3.0 GB" in w
+    assert "10 steps with a prompt chunk, 3.0 s (300.0 ms each, 2,000 prompt tokens and 50 decode rows" in w
 
 
 def test_one_time_stalls():

@@ -3,6 +3,7 @@ the chapter's live run): what each race says, computed from the rows, printed un
 
     offline_table(rows)       the offline race as a table (tokens/s, wall time, ours' ratio)
     offline_sentence(rows)    ours' output tokens/s against each other offline contestant
+    where_sentence(rows)      where ours' offline time went: decode-only steps and steps with a prompt chunk
     online_sentences(rows)    per rate: who is ahead at TTFT and TPOT p50/p99; the highest rate within a TPOT p99
     step_sentence(rows)       the paged decode step against the static engine's, per batch (held_steps)
 
@@ -64,6 +65,27 @@ def offline_sentence(rows: list[dict]) -> str:
     parts += [f"{NAMES.get(n, n)} not measured ({_why(r, 60)})"
               for n, r in off.items() if n != "ours" and n not in ratios]
     return f"offline: this engine {off['ours']['output_tok_s']:,.0f} output tokens/s: " + "; ".join(parts)
+
+
+def where_sentence(rows: list[dict]) -> str:
+    """Ours' offline run split by step kind (its ``where`` record): steps, seconds, and per decode-only
+    step the rows and the KV-cache bytes its attention read; per mixed step the prompt tokens. Empty
+    when the row has no such record."""
+    ours = next((r for r in rows if r.get("part") == "offline" and r.get("contestant") == "ours"), {})
+    w, per_tok = ours.get("where"), ours.get("kv_bytes_per_token")
+    if not w or not per_tok:
+        return ""
+    d, m = w["decode"], w["mixed"]
+    out = [f"where this engine's {ours['wall_s']:.1f} s went:"]
+    if d["steps"]:
+        gb = d["kv_tokens"] * per_tok / d["steps"] / 1e9
+        out.append(f"{d['steps']:,} decode-only steps, {d['s']:.1f} s ({d['s'] / d['steps'] * 1e3:.1f} ms each, "
+                   f"{d['rows'] / d['steps']:.0f} rows and {gb:.1f} GB of KV cache read per step on average);")
+    if m["steps"]:
+        out.append(f"{m['steps']:,} steps with a prompt chunk, {m['s']:.1f} s ({m['s'] / m['steps'] * 1e3:.1f} ms "
+                   f"each, {m['prefill_tokens'] / m['steps']:,.0f} prompt tokens and {m['rows'] / m['steps']:.0f} "
+                   "decode rows per step on average).")
+    return " ".join(out)
 
 
 def online_sentences(rows: list[dict], tpot_p99_ms: float = 50.0) -> list[str]:
