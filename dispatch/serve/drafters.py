@@ -65,7 +65,8 @@ def lookup(hist_BS: torch.Tensor, last_B: torch.Tensor, k: int, n_max: int = 3, 
 
 
 class PromptLookup:
-    """n-gram drafts from the row's own text (:func:`lookup`); any k ≥ 0."""
+    """n-gram drafts from the row's own text (:func:`lookup`); any k ≥ 0. With the engine's
+    ``step_kernels``: the same drafts in one launch (:func:`dispatch.kernels.spec_step.lookup_drafts`)."""
 
     k_min = 0
 
@@ -77,11 +78,18 @@ class PromptLookup:
     def bind(self, eng) -> None:
         """The lookup's index tensors for the engine's history (the drafts come from that history)."""
         self.consts = lookup_consts(eng.hist_BS.shape[1], self.n_max, eng.k, eng.dev)
+        self.kernel = None
+        if getattr(eng, "step_kernels", False):  # one launch: dispatch.kernels.spec_step
+            from dispatch.kernels.spec_step import lookup_drafts
+
+            self.kernel = lookup_drafts
 
     def start(self, eng, prompts: list[list[int]], B: int) -> None:
         """Nothing to prepare."""
 
     def propose(self, eng, B: int, k: int, greedy: bool):
+        if self.kernel is not None:
+            return self.kernel(eng.hist_BS[:B], eng.pos_B[:B], k, self.n_max, self.n_min), None
         return lookup(eng.hist_BS[:B], eng.pos_B[:B], k, self.n_max, self.n_min, self.consts), None
 
 
