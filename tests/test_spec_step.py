@@ -125,3 +125,20 @@ def test_engine_tokens_are_the_same_with_the_step_kernels():
         outs.append(spec.generate(prompts, 12))
     assert outs[0].tokens == outs[1].tokens and outs[0].extra["accepted"] == outs[1].extra["accepted"]
     assert all(len(t) == 12 for t in outs[1].tokens) and sum(map(sum, outs[1].extra["accepted"])) > 0
+
+
+def test_replay_keeps_the_recorded_drafts_with_the_step_kernels():
+    """A replay (a drafter with ``forced``) through the kernels: the recorded tokens and kept drafts."""
+    from dispatch_book.bench.speculative import ReplayDrafter
+    from dispatch_book.spec_study import lookup_runs
+
+    model = tiny_model("olmoe", seed=0, num_hidden_layers=1)[1]
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 9, 5, 6]
+    rec = SpeculativeEngine(model, PromptLookup(), k=3, max_seq=40).generate([prompt], 14)
+    runs = lookup_runs(prompt, rec.tokens[0], 3)
+    other = tiny_model("olmoe", seed=1, num_hidden_layers=1)[1]
+    replay = SpeculativeEngine(other, ReplayDrafter([prompt], rec.tokens, [runs], PromptLookup()), k=3, max_seq=40,
+                               step_kernels=True)
+    out = replay.generate([prompt], 14)
+    assert out.tokens == rec.tokens and out.extra["accepted"] == rec.extra["accepted"]
+    assert sum(map(sum, rec.extra["accepted"])) > 0

@@ -4,19 +4,21 @@ Shapes: B rows · S history positions · k drafts (k+1 verified positions). ``hi
 holds each row's tokens by position, ``last_B`` / ``pos_B`` the position of each row's last token.
 
     lookup_drafts(hist_BS, last_B, k, n_max, n_min) → drafts_BK int64 [B, k]
-        exactly :func:`dispatch.serve.drafters.lookup`: the longest (n_max .. n_min), then latest,
+        exactly :func:`lookup` (its torch twin): the longest (n_max .. n_min), then latest,
         earlier occurrence of the row's last n tokens; the tokens after it, continued periodically;
         no match: the last token, k times. One program a row: it walks the ends e < last in tiles
         of BLOCK positions, L[e] = how many of the last n_max tokens the tokens ending at e repeat,
         and keeps the largest L·S + e (``tl.max``), as the torch twin does over all of S at once.
     accept_advance(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B=None) → adv_B int64 [B]
         :func:`dispatch.serve.acceptance.greedy_accept` given its argmaxes ``picks_BK1`` [B, k+1]
-        (the target's tokens: n = the leading drafts equal to them) and then
-        :func:`dispatch.serve.speculative.advance`: adv = min(n + 1, max(cap − pos, 0)), picks[:adv]
+        (the target's tokens: n = the leading drafts equal to them, :func:`leading`) and then
+        :func:`advance`: adv = min(n + 1, max(cap − pos, 0)), picks[:adv]
         written at pos+1 .. pos+adv, pos += adv in place. ``tok_B``: also set to hist[new pos].
 
-The twins, also what runs on a CPU without Triton's interpreter: ``lookup_drafts_torch``,
-``accept_advance_torch`` (the serving code's own functions, composed).
+The torch twins, which the serving code (:mod:`dispatch.serve.drafters`, :mod:`dispatch.serve.acceptance`,
+:mod:`dispatch.serve.speculative`) runs without the kernels and the launchers run on a CPU without Triton's
+interpreter: :func:`lookup` (``lookup_drafts_torch``), :func:`leading` and :func:`advance`
+(``accept_advance_torch``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,66 @@ from dispatch.checks import check_launch, check_tensor
 MAX_K = 16  # the most drafts a step (SpeculativeEngine's bound)
 MAX_N = 8  # the longest n-gram a lookup matches
 BLOCK = 256  # history positions a lookup tile
+
+
+def lookup_consts(S: int, n_max: int, k_max: int = 16, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step-independent index tensors of :func:`lookup` for rows of S positions and up to k_max
+    drafts: (window_idx [S · n_max]: position e − j of window e's j-th token back from its end,
+    clamped at 0; ends [S]: e + 1; j: 0, 1, …). A drafter makes them once (``PromptLookup.bind``)."""
+    e = torch.arange(S, device=device)
+    j = torch.arange(max(n_max, k_max), device=device)
+    return (e[:, None] - j[None, :n_max]).clamp(min=0).reshape(-1), e + 1, j
+
+
+def lookup(hist_BS: torch.Tensor, last_B: torch.Tensor, k: int, n_max: int = 3, n_min: int = 1,
+           consts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Prompt-lookup drafts [B, k] (int64) from each row's tokens ``hist_BS[b, :last_B[b] + 1]``.
+
+    For n = n_max .. n_min: the suffix is the row's last n tokens; a match is an earlier window
+    equal to it that ends before the last token; the latest match wins, longer n first. Drafts:
+    the tokens after the match, continued periodically once they reach the last token.
+    Example: tokens [a, b, c, a, b] (last 4), n 2 → the match [a, b] at 0, drafts [c, a, b, c, …].
+
+    All n at once, in a fixed number of tensor ops (kernels): for every end e < last, L[e] = how
+    many of the row's last tokens (up to n_max) the tokens ending at e repeat; the match is the
+    e of the largest L·S + e (longest, then latest), if L ≥ n_min. ``consts``: :func:`lookup_consts`.
+    """
+    if not 1 <= n_min <= n_max:
+        raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+    B, S = hist_BS.shape
+    window_idx, ends, j = consts if consts is not None else lookup_consts(S, n_max, k, hist_BS.device)
+    last = last_B.long()
+    suffix_Bn = hist_BS.gather(1, (last[:, None] - j[None, :n_max]).clamp(min=0))  # last, last-1, …
+    windows_BSn = hist_BS.index_select(1, window_idx).view(B, S, n_max)  # e, e-1, … per end e
+    run_BS = (windows_BSn == suffix_Bn[:, None, :]).cumprod(dim=-1).sum(dim=-1)
+    # at most e + 1 tokens end at e (the suffix then has them: e < last); ends at or past last count 0
+    run_BS = torch.minimum(run_BS, ends).mul_(ends <= last[:, None])
+    best = torch.add(ends - 1, run_BS, alpha=S).amax(dim=1)  # L·S + e of the longest, then latest
+    found = best >= n_min * S
+    end = best % S  # the match's last position: the drafts copy end + 1 .. last, then repeat
+    period = (last - end).clamp(min=1)
+    pos = torch.where(found[:, None], end[:, None] + 1 + j[None, :k] % period[:, None], last[:, None])
+    return hist_BS.gather(1, pos)
+
+
+def leading(accept_BK: torch.Tensor) -> torch.Tensor:
+    """The number of leading True per row, int64 [B] (the drafts kept before the first refusal)."""
+    return accept_BK.cumprod(dim=1).sum(dim=1)  # a bool cumprod counts in int64
+
+
+def advance(hist_BS, pos_B, out_BK1, n_B, cap_B, steps=None) -> torch.Tensor:
+    """Write each row's emitted tokens ``out[b, :adv_b]`` at positions pos+1 .. pos+adv and move
+    ``pos_B`` (in place) by adv = min(n + 1, cap − pos): the rows never pass their cap (the position
+    of their last allowed token). Returns adv_B. The cache needs nothing more (:mod:`dispatch.serve.speculative`).
+    ``steps``: a tensor 0, 1, … of at least k+1 entries (made once by the caller; else here)."""
+    k1 = out_BK1.shape[1]
+    adv_B = torch.minimum(n_B + 1, (cap_B - pos_B).clamp(min=0))
+    j = (steps[:k1] if steps is not None else torch.arange(k1, device=pos_B.device))[None, :]
+    idx = (pos_B[:, None] + 1 + j).clamp(max=hist_BS.shape[1] - 1)
+    keep = hist_BS.gather(1, idx)
+    hist_BS.scatter_(1, idx, torch.where(j < adv_B[:, None], out_BK1, keep))
+    pos_B.add_(adv_B)
+    return adv_B
 
 
 @triton.jit
@@ -107,9 +169,7 @@ def _torch_here(t: torch.Tensor, what: str) -> bool:
 
 
 def lookup_drafts_torch(hist_BS, last_B, k: int, n_max: int = 3, n_min: int = 1) -> torch.Tensor:
-    """The twin of :func:`lookup_drafts`: :func:`dispatch.serve.drafters.lookup`."""
-    from dispatch.serve.drafters import lookup
-
+    """The twin of :func:`lookup_drafts`: :func:`lookup`."""
     return lookup(hist_BS, last_B, k, n_max, n_min)
 
 
@@ -133,11 +193,7 @@ def lookup_drafts(hist_BS: torch.Tensor, last_B: torch.Tensor, k: int, n_max: in
 
 
 def accept_advance_torch(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B=None) -> torch.Tensor:
-    """The twin of :func:`accept_advance`: greedy acceptance's count, then
-    :func:`dispatch.serve.speculative.advance`."""
-    from dispatch.serve.acceptance import leading
-    from dispatch.serve.speculative import advance
-
+    """The twin of :func:`accept_advance`: greedy acceptance's count (:func:`leading`), then :func:`advance`."""
     adv_B = advance(hist_BS, pos_B, picks_BK1, leading(drafts_BK == picks_BK1[:, :-1]), cap_B)
     if tok_B is not None:
         tok_B.copy_(hist_BS.gather(1, pos_B[:, None])[:, 0])

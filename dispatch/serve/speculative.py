@@ -35,22 +35,8 @@ import torch
 from dispatch.engine.engine import GREEDY, Engine, Generation, bucket
 from dispatch.engine.model import LeanModel
 from dispatch.engine.sampling import SamplingParams, load_sampling
+from dispatch.kernels.spec_step import accept_advance, advance
 from dispatch.serve.acceptance import greedy_accept, speculative_sample
-
-
-def advance(hist_BS, pos_B, out_BK1, n_B, cap_B, steps=None) -> torch.Tensor:
-    """Write each row's emitted tokens ``out[b, :adv_b]`` at positions pos+1 .. pos+adv and move
-    ``pos_B`` (in place) by adv = min(n + 1, cap − pos): the rows never pass their cap (the position
-    of their last allowed token). Returns adv_B. The cache needs nothing more (see the module).
-    ``steps``: a tensor 0, 1, … of at least k+1 entries (made once by the caller; else here)."""
-    k1 = out_BK1.shape[1]
-    adv_B = torch.minimum(n_B + 1, (cap_B - pos_B).clamp(min=0))
-    j = (steps[:k1] if steps is not None else torch.arange(k1, device=pos_B.device))[None, :]
-    idx = (pos_B[:, None] + 1 + j).clamp(max=hist_BS.shape[1] - 1)
-    keep = hist_BS.gather(1, idx)
-    hist_BS.scatter_(1, idx, torch.where(j < adv_B[:, None], out_BK1, keep))
-    pos_B.add_(adv_B)
-    return adv_B
 
 
 class SpeculativeEngine(Engine):
@@ -92,10 +78,10 @@ class SpeculativeEngine(Engine):
             pos_BK1 = self.pos_B[:B, None] + self.steps[:k + 1]
             logits = self.model(ids_BK1, pos_BK1, self.cache, prefill=False)
             forced = getattr(self.drafter, "forced", None)  # a replay: the recorded outcome, same work
-            if greedy and self.step_kernels and forced is None:  # acceptance and rollback: one launch
-                from dispatch.kernels.spec_step import accept_advance
-
+            if greedy and self.step_kernels:  # acceptance and rollback: one launch
                 out_BK1 = logits.argmax(dim=-1)
+                if forced is not None:  # the recorded tokens stand for the target's; the replayed drafts
+                    out_BK1 = forced(self, B, k)[0]  # match them on exactly the recorded run: n as recorded
                 adv_B = accept_advance(self.hist_BS[:B], self.pos_B[:B], drafts_BK, out_BK1, self.cap_B[:B],
                                        self.tok_B[:B])
             else:
