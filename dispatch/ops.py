@@ -17,6 +17,7 @@ plain-PyTorch twin beside it (``*_torch``); :mod:`dispatch.kernels`' docstring m
                      (+ twins), num_splits
     serving          paged_decode_attention, paged_prefill_attention (+ twins), gated_rows,
                      copy_blocks (+ twin: the KV handoff's copy between two block pools)
+    speculative      lookup_drafts, accept_advance (+ twins): a speculative step's drafts and rollback
     tiles            resolve, GemmConfig, DecodeConfig, DenseGemvConfig, INTERPRET_CONFIG,
                      DECODE_MAX_TOKENS, pick_block_m, heuristic_decode, shared_bytes
     modules          the kernel modules by name, to read a kernel's source (``routing``, ``sort``,
@@ -48,13 +49,14 @@ _ENTRY = {
                         "paged_prefill_attention_torch"),
     "gated_rows": ("gated_rows", "gated_rows_torch"),
     "block_copy": ("copy_blocks", "copy_blocks_reference"),
+    "spec_step": ("lookup_drafts", "lookup_drafts_torch", "accept_advance", "accept_advance_torch"),
     "tiles": ("resolve", "GemmConfig", "DecodeConfig", "DenseGemvConfig", "INTERPRET_CONFIG", "DECODE_MAX_TOKENS",
               "pick_block_m", "heuristic_decode", "shared_bytes"),
 }
 # the kernel modules, by their own names (every file of dispatch/kernels but those named like a function above)
 MODULES = ("attention", "block_copy", "decode_fused", "decode_split", "dense_gemv", "fused_moe", "gemv",
            "gemv_kernels", "grouped_gemm", "grouped_kernels", "helpers", "norm_rope", "p2p", "paged_attention", "pdl",
-           "persistent", "quant_gemv", "quant_grouped", "quant_kernels", "routing", "sort", "tile_configs",
+           "persistent", "quant_gemv", "quant_grouped", "quant_kernels", "routing", "sort", "spec_step", "tile_configs",
            "tile_rules", "tiles", "tma", "trace")
 _WHERE = {name: module for module, names in _ENTRY.items() for name in names}
 __all__ = sorted(set(_WHERE) | set(MODULES))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from dispatch.engine.sampling import draw, sampling_probs
+from dispatch.kernels.spec_step import leading
 
 
 def _check(drafts_BK: torch.Tensor, logits_BK1V: torch.Tensor) -> tuple[int, int, int]:
@@ -40,11 +41,6 @@ def _check(drafts_BK: torch.Tensor, logits_BK1V: torch.Tensor) -> tuple[int, int
     if B2 != B or K1 != k + 1:
         raise ValueError(f"logits must be [B={B}, k+1={k + 1}, V] for drafts [B, k], got {tuple(logits_BK1V.shape)}")
     return B, k, V
-
-
-def leading(accept_BK: torch.Tensor) -> torch.Tensor:
-    """The number of leading True per row, int64 [B] (the drafts kept before the first refusal)."""
-    return accept_BK.cumprod(dim=1).sum(dim=1)  # a bool cumprod counts in int64
 
 
 def greedy_accept(drafts_BK: torch.Tensor, logits_BK1V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

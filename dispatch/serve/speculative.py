@@ -35,30 +35,19 @@ import torch
 from dispatch.engine.engine import GREEDY, Engine, Generation, bucket
 from dispatch.engine.model import LeanModel
 from dispatch.engine.sampling import SamplingParams, load_sampling
+from dispatch.kernels.spec_step import accept_advance, advance
 from dispatch.serve.acceptance import greedy_accept, speculative_sample
-
-
-def advance(hist_BS, pos_B, out_BK1, n_B, cap_B, steps=None) -> torch.Tensor:
-    """Write each row's emitted tokens ``out[b, :adv_b]`` at positions pos+1 .. pos+adv and move
-    ``pos_B`` (in place) by adv = min(n + 1, cap − pos): the rows never pass their cap (the position
-    of their last allowed token). Returns adv_B. The cache needs nothing more (see the module).
-    ``steps``: a tensor 0, 1, … of at least k+1 entries (made once by the caller; else here)."""
-    k1 = out_BK1.shape[1]
-    adv_B = torch.minimum(n_B + 1, (cap_B - pos_B).clamp(min=0))
-    j = (steps[:k1] if steps is not None else torch.arange(k1, device=pos_B.device))[None, :]
-    idx = (pos_B[:, None] + 1 + j).clamp(max=hist_BS.shape[1] - 1)
-    keep = hist_BS.gather(1, idx)
-    hist_BS.scatter_(1, idx, torch.where(j < adv_B[:, None], out_BK1, keep))
-    pos_B.add_(adv_B)
-    return adv_B
 
 
 class SpeculativeEngine(Engine):
     """:class:`dispatch.engine.Engine` with a drafter: k drafts per step (at most ``k``), verified in one
-    forward. ``adaptive``: an :class:`dispatch.serve.spec_cost.AdaptiveK` that picks k per step."""
+    forward. ``adaptive``: an :class:`dispatch.serve.spec_cost.AdaptiveK` that picks k per step.
+    ``step_kernels``: prompt lookup and greedy acceptance + rollback as the two launches of
+    :mod:`dispatch.kernels.spec_step` (default: on CUDA when the model runs its decode kernels), else
+    the torch ops of :func:`dispatch.serve.drafters.lookup`, :mod:`dispatch.serve.acceptance` and :func:`advance`."""
 
     def __init__(self, model, drafter, *, k: int = 4, adaptive=None, max_batch: int = 1, max_seq: int = 512,
-                 graphs: bool | None = None, batch_invariant: bool = False):
+                 graphs: bool | None = None, batch_invariant: bool = False, step_kernels: bool | None = None):
         if isinstance(k, bool) or not isinstance(k, int) or not max(1, drafter.k_min) <= k <= 16:
             raise ValueError(f"k (the most drafts a step) must be an int in [{max(1, drafter.k_min)}, 16], got {k!r}")
         if adaptive is not None and not (adaptive.k_min >= drafter.k_min and adaptive.k_max <= k):
@@ -70,6 +59,9 @@ class SpeculativeEngine(Engine):
         if not isinstance(self.model, LeanModel):
             raise ValueError("speculative decoding verifies on the lean forward (OLMoE, Mixtral, Qwen2/3-MoE)")
         self.limit, self.k, self.drafter, self.adaptive = max_seq, k, drafter, adaptive
+        if step_kernels is None:  # as the verify forward: its own decode kernels on CUDA
+            step_kernels = self.dev.type == "cuda" and (self.model.decode_kernels or self.model.batch_invariant)
+        self.step_kernels = bool(step_kernels)
         z = dict(device=self.dev, dtype=torch.long)
         self.hist_BS = torch.zeros(self.max_batch, self.max_seq, **z)
         self.cap_B = torch.zeros(self.max_batch, **z)
@@ -85,16 +77,23 @@ class SpeculativeEngine(Engine):
             ids_BK1 = torch.cat([self.tok_B[:B, None], drafts_BK], dim=1)
             pos_BK1 = self.pos_B[:B, None] + self.steps[:k + 1]
             logits = self.model(ids_BK1, pos_BK1, self.cache, prefill=False)
-            if greedy:
-                out_BK1, n_B = greedy_accept(drafts_BK, logits)
-            else:
-                out_BK1, n_B = speculative_sample(drafts_BK, q_BKV, logits, self.temperature, self.top_p,
-                                                  generator=self.generator)
             forced = getattr(self.drafter, "forced", None)  # a replay: the recorded outcome, same work
-            if forced is not None:
-                out_BK1, n_B = forced(self, B, k)
-            adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.steps)
-            self.tok_B[:B].copy_(self.hist_BS[:B].gather(1, self.pos_B[:B, None])[:, 0])
+            if greedy and self.step_kernels:  # acceptance and rollback: one launch
+                out_BK1 = logits.argmax(dim=-1)
+                if forced is not None:  # the recorded tokens stand for the target's; the replayed drafts
+                    out_BK1 = forced(self, B, k)[0]  # match them on exactly the recorded run: n as recorded
+                adv_B = accept_advance(self.hist_BS[:B], self.pos_B[:B], drafts_BK, out_BK1, self.cap_B[:B],
+                                       self.tok_B[:B])
+            else:
+                if greedy:
+                    out_BK1, n_B = greedy_accept(drafts_BK, logits)
+                else:
+                    out_BK1, n_B = speculative_sample(drafts_BK, q_BKV, logits, self.temperature, self.top_p,
+                                                      generator=self.generator)
+                if forced is not None:
+                    out_BK1, n_B = forced(self, B, k)
+                adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.steps)
+                self.tok_B[:B].copy_(self.hist_BS[:B].gather(1, self.pos_B[:B, None])[:, 0])
             self.res_BK2[:B, 0].copy_(adv_B)
             self.res_BK2[:B, 1:k + 2].copy_(out_BK1)
 

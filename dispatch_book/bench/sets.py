@@ -22,11 +22,12 @@ from dispatch_book.bench import results
 ENV = "DISPATCH_RESULTS_GPU"
 
 # Kernels that no suite of a one-GPU set runs: the serving engine's paged attention (chapter 8), the
-# disaggregated handoff's block copy (chapter 10) and expert parallelism's peer copies (chapter 4). A change
-# there leaves the set current (git pathspecs: evidence.changed runs `git diff -- <paths>`); the suites that
-# do run them (serve, speculative, disagg_ipc, expert_parallel) name them. tests/test_bench_sets.py checks
-# that no code a set's suite measures imports them, or the serving and parallel packages that do.
-NOT_IN_SET = tuple(f":(exclude)dispatch/kernels/{m}.py" for m in ("paged_attention", "block_copy", "p2p"))
+# disaggregated handoff's block copy (chapter 10), expert parallelism's peer copies (chapter 4) and the
+# speculative step's lookup and rollback (chapter 9). A change there leaves the set current (git pathspecs:
+# evidence.changed runs `git diff -- <paths>`); the suites that do run them (serve, speculative, disagg_ipc,
+# expert_parallel) name them. tests/test_bench_sets.py checks that no code a set's suite measures imports
+# them, or the serving and parallel packages that do.
+NOT_IN_SET = tuple(f":(exclude)dispatch/kernels/{m}.py" for m in ("paged_attention", "block_copy", "p2p", "spec_step"))
 # The suites of a one-GPU set, in the order `python -m dispatch_book.bench all` records them, and the
 # code each one measures: a change there after the recording makes it stale. `notebooks/` counts only
 # code cells (`evidence.changed`): re-executing a chapter does not make book_gpu stale.
