@@ -11,7 +11,7 @@
 #   DISPATCH_GIT_COMMIT=<sha> PARTS=reliability TESTS=0 dispatch_book/gpu/serve_run.sh "$OUT"   # 10,000 requests
 #   DISPATCH_GIT_COMMIT=<sha> PARTS=online CONTESTANTS=ours,hf_serve TOTAL=300 dispatch_book/gpu/serve_run.sh "$OUT"
 # Carry .whl (`make gpu-wheels`: aiohttp, and fastapi/uvicorn/... for `transformers serve`) when the image
-# lacks them. Writes $OUT/tests.log, $OUT/bench.log, $OUT/results/<gpu>/serve.json.
+# lacks them. Writes $OUT/tests.log, $OUT/bench.log, $OUT/serve-<kind>.log, $OUT/results/<gpu>/serve.json.
 set -u
 TOTAL_DEFAULT=560
 . "$(dirname "$0")/prelude.sh" "$@"
@@ -30,4 +30,5 @@ PARTS=${PARTS:-step,offline,online,reliability}
 timeout "$(left)" python3 -m dispatch_book.bench serve --out "$OUT/results" --budget-s $(( $(left) - 20 )) \
     --parts "$PARTS" ${CONTESTANTS:+--contestants "$CONTESTANTS"} --reliability-n "${RELIABILITY_N:-$N_DEFAULT}" 2>&1 \
     | tee "$OUT/bench.log" | cut -c1-400 | tail -40
+cp "${TMPDIR:-/tmp}"/serve-*.log "$OUT/" 2>/dev/null || true  # the servers' own logs (a stall or a crash says why there)
 echo "total $(( $(date +%s) - start )) s"
