@@ -166,6 +166,10 @@ def test_serve_summary_sentences():
     assert "no graphed paged step" in ss.step_sentence(rows[-1:])
     assert ss.offline_sentence(rows[1:]) == "offline: this engine was not measured"
     assert ss.where_sentence(rows) == ""  # no step record: nothing said
+    ours_only = [r for r in rows if r.get("contestant") == "ours"]  # the peers absent from a recording are named
+    assert ss.offline_sentence(ours_only).count("not in this recording") == 3
+    assert "`transformers serve` is not in this recording" in ss.online_sentences(ours_only)
+    assert not any("not in this recording" in line for line in ss.online_sentences(rows))
     rows[0].update(wall_s=10.0, kv_bytes_per_token=1000, where={
         "decode": {"steps": 100, "s": 6.0, "rows": 20000, "kv_tokens": 300_000_000, "prefill_tokens": 0},
         "mixed": {"steps": 10, "s": 3.0, "rows": 500, "kv_tokens": 0, "prefill_tokens": 20000}})

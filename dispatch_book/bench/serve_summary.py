@@ -12,6 +12,7 @@ a bound: the ratio against it is "at least"; one that did not run or was skipped
 """
 from __future__ import annotations
 
+from dispatch_book.bench.serve import OFFLINE, ONLINE  # the benchmark's contestants, by part
 from dispatch_book.bench.serve_online import max_rate_within
 
 NAMES = {"static": "the static engine (one batch at a time)",
@@ -64,6 +65,7 @@ def offline_sentence(rows: list[dict]) -> str:
     parts = [f"{'at least ' if low else ''}{x:.2f}x {NAMES.get(n, n)}" for n, (x, low) in ratios.items()]
     parts += [f"{NAMES.get(n, n)} not measured ({_why(r, 60)})"
               for n, r in off.items() if n != "ours" and n not in ratios]
+    parts += [f"{NAMES[n]} not in this recording" for n in OFFLINE if n not in off]
     return f"offline: this engine {off['ours']['output_tok_s']:,.0f} output tokens/s: " + "; ".join(parts)
 
 
@@ -110,6 +112,8 @@ def online_sentences(rows: list[dict], tpot_p99_ms: float = 50.0) -> list[str]:
     for r in (r for r in rows if r.get("part") == "online" and r.get("did_not_run")):
         why = r["did_not_run"].split(" | ")[-1].strip()[-120:]  # a server's log: its last line
         out.append(f"{NAMES.get(r['contestant'], r['contestant'])} did not run: {why}")
+    named = {r["contestant"] for r in rows if r.get("part") == "online"}
+    out += [f"{NAMES[n]} is not in this recording" for n in ONLINE if n not in named and named]
     for name, rates in by.items():
         out += one_time_stalls(name, rates)
     for name, rates in by.items():
