@@ -134,13 +134,15 @@ def _accept_advance_kernel(hist_ptr, pos_ptr, drafts_ptr, picks_ptr, cap_ptr, ad
     pos = tl.load(pos_ptr + b * s_p)
     cap = tl.load(cap_ptr + b * s_c)
     adv = tl.minimum(n + 1, tl.maximum(cap - pos, 0))
+    # the row's token at its new position, taken before any store: a load after the stores below
+    # could run on another thread before the store that writes its address (no ordering between them)
+    tok = tl.where(adv > 0, tl.sum(tl.where(j == adv - 1, picks, 0), axis=0), tl.load(hist_ptr + b * s_hb + pos * s_hs))
     idx = tl.minimum(pos + 1 + j, S - 1)
     tl.store(hist_ptr + b * s_hb + idx * s_hs, picks, mask=j < adv)
-    new = pos + adv
-    tl.store(pos_ptr + b * s_p, new)
+    tl.store(pos_ptr + b * s_p, pos + adv)
     tl.store(adv_ptr + b, adv)
     if WRITE_TOK:
-        tl.store(tok_ptr + b * s_t, tl.load(hist_ptr + b * s_hb + new * s_hs))
+        tl.store(tok_ptr + b * s_t, tok)
 
 
 def _check_ints(name: str, t, shape: tuple[int, ...], dtypes=(torch.int64,)) -> None:
