@@ -15,6 +15,7 @@ from dispatch_book.bench.speculative import (
     build_preset,
     decode_cost,
     hf_generate,
+    invariance_profile,
     run_each,
     step_costs,
     tokens_per_s,
@@ -66,6 +67,9 @@ def record_gpu(models: list[str], budget_s: float):
             for mode in ("default", "invariant"):
                 eng = Engine(LeanModel.from_hf(model, batch_invariant=mode == "invariant"), max_batch=B, max_seq=160)
                 add({"kind": "invariance", "model": model_name, "batch": B, "mode": mode, **decode_cost(eng, batch)})
+                if model_name != "shipped":  # where the invariant step's extra time goes: GPU time by kind
+                    add({"kind": "invariance_profile", "model": model_name, "batch": B, "mode": mode,
+                         **invariance_profile(eng, batch)})
                 del eng
     if "shipped" in models:
         _shipped(ck, dr, prompts, runs, add, left)

@@ -9,7 +9,8 @@ the shipped draft model would keep at every position (``runs``, :mod:`dispatch.s
 the routing of those texts (distinct experts per window of w = k+1 tokens); the small model's step
 time per k on this CPU. On a GPU, rows by ``kind`` (saved after every row):
 
-    invariance   decode-step ms, default and batch-invariant, batch 1 and 64 (shipped model, OLMoE-1B-7B)
+    invariance   decode-step ms, default and batch-invariant, batch 1 and 64 (shipped model, OLMoE-1B-7B);
+                 on OLMoE also the step's GPU time by kind of kernel in both modes (invariance_profile)
     verify_cost  ms of a speculative step with k drafts, k = 0 … K_MAX, batch 1 (shipped model, presets)
     race         the shipped model, batch 1, the recorded prompts: tokens/s of plain greedy decoding and of
                  speculative decoding (prompt lookup at each fixed k and adaptive, the draft model), and
@@ -170,6 +171,17 @@ def decode_cost(eng, prompts, *, rep: int = 30, rounds: int = 1) -> dict:
     times = [bench.time_ms(_restoring(eng, lambda: eng._run_step(B, True)), warmup=3, rep=rep)
              for _ in range(rounds)]
     return min(times, key=lambda t: t["min_ms"])
+
+
+def invariance_profile(eng, prompts) -> dict:
+    """:func:`dispatch.engine.profile.step_profile` of the decode step :func:`decode_cost` times (µs per
+    step by kind of kernel, launch gaps, kernels per step): on CUDA."""
+    from dispatch.engine import SamplingParams, bucket
+    from dispatch.engine.profile import step_profile
+
+    B = bucket(len(prompts))
+    eng._prefill(prompts, B, SamplingParams())
+    return step_profile(_restoring(eng, lambda: eng._run_step(B, True)))
 
 
 def tokens_per_s(outs) -> tuple[float, int, float]:
