@@ -52,14 +52,19 @@ MEASURES = {
 SET = tuple(MEASURES)
 # Suites a chapter reads from the set when the set has them, and measures live (or says so) when not:
 # the newest suites, not yet recorded on every GPU. They do not decide whether a set is complete.
+_SPECULATIVE = ("dispatch/serve/speculative.py", "dispatch/serve/drafters.py", "dispatch/serve/acceptance.py",
+                "dispatch/serve/spec_cost.py")  # chapter 9's step, on chapter 6's engine
+_DISAGG = ("dispatch/serve/disagg*.py", "dispatch/serve/handoff*.py")  # chapter 10's two engines
 OPTIONAL = {
-    # the serving engine runs no speculative step: its kernels (chapter 9's) are not serve's
-    "serve": ("dispatch/serve", "dispatch/engine", "dispatch/kernels", ":(exclude)dispatch/kernels/spec_step.py",
-              "dispatch_book/bench/serve.py",
+    # the serving engine runs neither a speculative step (chapter 9) nor a handoff (chapter 10)
+    "serve": ("dispatch/serve", *(f":(exclude){p}" for p in _SPECULATIVE + _DISAGG), "dispatch/engine",
+              "dispatch/kernels", ":(exclude)dispatch/kernels/spec_step.py", "dispatch_book/bench/serve.py",
               "dispatch_book/bench/serve_load.py", "dispatch_book/bench/serve_online.py",
               "dispatch_book/bench/serve_peers.py"),
-    "speculative": ("dispatch/serve", "dispatch/engine", "dispatch/kernels", "dispatch_book/bench/speculative.py",
-                    "dispatch_book/bench/spec_record.py"),
+    # the speculative engine is chapter 6's Engine with a drafter: no paged cache, no scheduler, no server
+    "speculative": (*_SPECULATIVE, "dispatch/engine", "dispatch/kernels",
+                    ":(exclude)dispatch/kernels/paged_attention.py", ":(exclude)dispatch/kernels/block_copy.py",
+                    "dispatch_book/bench/speculative.py", "dispatch_book/bench/spec_record.py"),
 }
 # Recordings a chapter may read that are not part of a set: it names their GPU (`load(name, gpu=...)`);
 # book_gpu (every chapter on the GPU, both budgets) is recorded with a set, but no chapter needs it.
