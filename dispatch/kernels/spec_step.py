@@ -34,7 +34,8 @@ MAX_N = 8  # the longest n-gram a lookup matches
 BLOCK = 256  # history positions a lookup tile
 
 
-def lookup_consts(S: int, n_max: int, k_max: int = 16, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lookup_consts(S: int, n_max: int, k_max: int = MAX_K,
+                  device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The step-independent index tensors of :func:`lookup` for rows of S positions and up to k_max
     drafts: (window_idx [S · n_max]: position e − j of window e's j-th token back from its end,
     clamped at 0; ends [S]: e + 1; j: 0, 1, …). A drafter makes them once (``PromptLookup.bind``)."""
@@ -79,14 +80,14 @@ def leading(accept_BK: torch.Tensor) -> torch.Tensor:
     return accept_BK.cumprod(dim=1).sum(dim=1)  # a bool cumprod counts in int64
 
 
-def advance(hist_BS, pos_B, out_BK1, n_B, cap_B, steps=None) -> torch.Tensor:
+def advance(hist_BS, pos_B, out_BK1, n_B, cap_B, offsets=None) -> torch.Tensor:
     """Write each row's emitted tokens ``out[b, :adv_b]`` at positions pos+1 .. pos+adv and move
     ``pos_B`` (in place) by adv = min(n + 1, cap − pos): the rows never pass their cap (the position
     of their last allowed token). Returns adv_B. The cache needs nothing more (:mod:`dispatch.serve.speculative`).
-    ``steps``: a tensor 0, 1, … of at least k+1 entries (made once by the caller; else here)."""
+    ``offsets``: a tensor 0, 1, … of at least k+1 entries (made once by the caller; else here)."""
     k1 = out_BK1.shape[1]
     adv_B = torch.minimum(n_B + 1, (cap_B - pos_B).clamp(min=0))
-    j = (steps[:k1] if steps is not None else torch.arange(k1, device=pos_B.device))[None, :]
+    j = (offsets[:k1] if offsets is not None else torch.arange(k1, device=pos_B.device))[None, :]
     idx = (pos_B[:, None] + 1 + j).clamp(max=hist_BS.shape[1] - 1)
     keep = hist_BS.gather(1, idx)
     hist_BS.scatter_(1, idx, torch.where(j < adv_B[:, None], out_BK1, keep))

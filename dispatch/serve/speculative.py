@@ -65,7 +65,7 @@ class SpeculativeEngine(Engine):
         z = dict(device=self.dev, dtype=torch.long)
         self.hist_BS = torch.zeros(self.max_batch, self.max_seq, **z)
         self.cap_B = torch.zeros(self.max_batch, **z)
-        self.steps = torch.arange(k + 1, **z)
+        self.offsets = torch.arange(k + 1, **z)  # 0 … k: a verify step's positions past pos
         # what the host reads of a step, in one copy: [adv, out_0 .. out_k] per row
         self.res_BK2 = torch.zeros(self.max_batch, k + 2, **z)
         drafter.bind(self)
@@ -75,7 +75,7 @@ class SpeculativeEngine(Engine):
         with torch.no_grad():
             drafts_BK, q_BKV = self.drafter.propose(self, B, k, greedy)
             ids_BK1 = torch.cat([self.tok_B[:B, None], drafts_BK], dim=1)
-            pos_BK1 = self.pos_B[:B, None] + self.steps[:k + 1]
+            pos_BK1 = self.pos_B[:B, None] + self.offsets[:k + 1]
             logits = self.model(ids_BK1, pos_BK1, self.cache, prefill=False)
             forced = getattr(self.drafter, "forced", None)  # a replay: the recorded outcome, same work
             if greedy and self.step_kernels:  # acceptance and rollback: one launch
@@ -92,7 +92,7 @@ class SpeculativeEngine(Engine):
                                                       generator=self.generator)
                 if forced is not None:
                     out_BK1, n_B = forced(self, B, k)
-                adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.steps)
+                adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.offsets)
                 self.tok_B[:B].copy_(self.hist_BS[:B].gather(1, self.pos_B[:B, None])[:, 0])
             self.res_BK2[:B, 0].copy_(adv_B)
             self.res_BK2[:B, 1:k + 2].copy_(out_BK1)

@@ -159,15 +159,22 @@ def step_costs(spec, prompts, ks, *, rep: int = 30, rounds: int = 1) -> dict[int
     return best
 
 
-def decode_cost(eng, prompts, *, rep: int = 30, rounds: int = 1) -> dict:
-    """time_ms of the plain engine's greedy decode step (a CUDA graph on a GPU) after a prefill of
-    ``prompts``; ``rounds``: as :func:`step_costs`."""
+def _decode_ready(eng, prompts) -> int:
+    """The plain engine's greedy decode step ready to run: the graph of bucket(len(prompts)) captured
+    (on CUDA), then ``prompts`` prefilled. Returns the bucket."""
     from dispatch.engine import SamplingParams, bucket
 
     B = bucket(len(prompts))
     if eng.graphs:
         eng.capture(B, True)
     eng._prefill(prompts, B, SamplingParams())
+    return B
+
+
+def decode_cost(eng, prompts, *, rep: int = 30, rounds: int = 1) -> dict:
+    """time_ms of the plain engine's greedy decode step (a CUDA graph on a GPU) after a prefill of
+    ``prompts``; ``rounds``: as :func:`step_costs`."""
+    B = _decode_ready(eng, prompts)
     times = [bench.time_ms(_restoring(eng, lambda: eng._run_step(B, True)), warmup=3, rep=rep)
              for _ in range(rounds)]
     return min(times, key=lambda t: t["min_ms"])
@@ -176,11 +183,9 @@ def decode_cost(eng, prompts, *, rep: int = 30, rounds: int = 1) -> dict:
 def invariance_profile(eng, prompts) -> dict:
     """:func:`dispatch.engine.profile.step_profile` of the decode step :func:`decode_cost` times (µs per
     step by kind of kernel, launch gaps, kernels per step): on CUDA."""
-    from dispatch.engine import SamplingParams, bucket
     from dispatch.engine.profile import step_profile
 
-    B = bucket(len(prompts))
-    eng._prefill(prompts, B, SamplingParams())
+    B = _decode_ready(eng, prompts)
     return step_profile(_restoring(eng, lambda: eng._run_step(B, True)))
 
 
