@@ -10,9 +10,12 @@ One step (``_spec_step``; on CUDA one graph per (bucket, k, greedy)), all on the
     drafts_BK      = drafter.propose(...)                   prompt lookup, or a draft model's k steps
     logits_BK1V    = model([t, d_1..d_k] at pos .. pos+k)   one forward of k+1 tokens per row; their
                                                             K/V land in the cache at those positions
-    out_BK1, n_B   = greedy_accept / speculative_sample     :mod:`dispatch.serve.acceptance`
+    out_BK1, n_B   = greedy acceptance / speculative_sample  :mod:`dispatch.serve.acceptance`
     adv_B          = min(n_B + 1, tokens the row may still emit)
     hist[pos+1 ..], pos += adv, t = hist[pos]               :func:`advance`: the rollback
+
+Greedy, the last three lines are one call: :func:`dispatch.kernels.spec_step.accept_advance` (one
+launch; with ``step_kernels`` off, its torch twin).
 
 Rollback: the cache positions pos+adv .. pos+k hold the K/V of rejected drafts. They are never
 read: attention reads keys up to each query's own position, and the next step writes its k+1 K/V
@@ -35,8 +38,8 @@ import torch
 from dispatch.engine.engine import GREEDY, Engine, Generation, bucket
 from dispatch.engine.model import LeanModel
 from dispatch.engine.sampling import SamplingParams, load_sampling
-from dispatch.kernels.spec_step import accept_advance, advance
-from dispatch.serve.acceptance import greedy_accept, speculative_sample
+from dispatch.kernels.spec_step import accept_advance, accept_advance_torch, advance
+from dispatch.serve.acceptance import speculative_sample
 
 
 class SpeculativeEngine(Engine):
@@ -78,18 +81,15 @@ class SpeculativeEngine(Engine):
             pos_BK1 = self.pos_B[:B, None] + self.offsets[:k + 1]
             logits = self.model(ids_BK1, pos_BK1, self.cache, prefill=False)
             forced = getattr(self.drafter, "forced", None)  # a replay: the recorded outcome, same work
-            if greedy and self.step_kernels:  # acceptance and rollback: one launch
+            if greedy:  # acceptance and rollback: one launch with the step kernels, its twin's ops without
                 out_BK1 = logits.argmax(dim=-1)
                 if forced is not None:  # the recorded tokens stand for the target's; the replayed drafts
                     out_BK1 = forced(self, B, k)[0]  # match them on exactly the recorded run: n as recorded
-                adv_B = accept_advance(self.hist_BS[:B], self.pos_B[:B], drafts_BK, out_BK1, self.cap_B[:B],
-                                       self.tok_B[:B])
+                accept = accept_advance if self.step_kernels else accept_advance_torch
+                adv_B = accept(self.hist_BS[:B], self.pos_B[:B], drafts_BK, out_BK1, self.cap_B[:B], self.tok_B[:B])
             else:
-                if greedy:
-                    out_BK1, n_B = greedy_accept(drafts_BK, logits)
-                else:
-                    out_BK1, n_B = speculative_sample(drafts_BK, q_BKV, logits, self.temperature, self.top_p,
-                                                      generator=self.generator)
+                out_BK1, n_B = speculative_sample(drafts_BK, q_BKV, logits, self.temperature, self.top_p,
+                                                  generator=self.generator)
                 if forced is not None:
                     out_BK1, n_B = forced(self, B, k)
                 adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.offsets)
