@@ -184,6 +184,19 @@ def test_warmup_leaves_nothing_behind(shipped):
         eng.warmup()
 
 
+def test_warmup_lengths_cover_each_integer_kind():
+    from dispatch.serve.engine import warmup_lengths
+
+    assert warmup_lengths(7) == []
+    assert warmup_lengths(8) == [8]
+    assert warmup_lengths(40) == [8, 9, 16, 17, 32, 33]
+    assert warmup_lengths(2048)[-3:] == [1024, 1025, 2048]  # no 2049: over the budget
+    for top in (64, 100, 512, 2048):  # per power of two: a multiple of 16 (from 16) and a length that is not
+        got = warmup_lengths(top)
+        assert max(got) <= top and all(n % 16 for n in got[1::2])
+        assert all(n & (n - 1) == 0 for n in got[0::2])
+
+
 def test_bad_requests_and_configs(shipped):
     model, _, prompts = shipped
     eng = LLMEngine(model, EngineConfig(max_seqs=2, max_waiting=2))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -29,24 +28,9 @@ from dispatch.engine.model import LeanModel
 from dispatch.engine.sampling import sample
 from dispatch.serve.blocks import BlockAllocator
 from dispatch.serve.model import kv_bytes_per_token
-from dispatch.serve.request import DEFAULT, Completion, RequestOutput, RequestParams
+from dispatch.serve.request import DEFAULT, Completion, RequestOutput, RequestParams, StepStat
 from dispatch.serve.runner import ModelRunner
 from dispatch.serve.scheduler import QueueFull, Scheduler, SchedulerConfig, Sequence  # noqa: F401
-
-
-class StepStat(NamedTuple):
-    """One step as it ran: decode rows, prompt tokens in chunks, the cached positions the decode
-    rows attended to (the KV tokens read per layer) and its wall time — the host's work and the
-    device's, which the step waits for when it reads its tokens back."""
-
-    decode_rows: int
-    prefill_tokens: int
-    kv_tokens: int
-    seconds: float
-
-    @property
-    def tokens(self) -> int:
-        return self.decode_rows + self.prefill_tokens
 
 
 @dataclass(frozen=True)
@@ -75,6 +59,17 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+
+
+def warmup_lengths(max_tokens: int) -> list[int]:
+    """Prompt lengths a GPU warm-up prefills: n and n + 1 for each power of two n from 8 up to
+    ``max_tokens``. Triton compiles a kernel once per kind of integer argument (1, a multiple of 16,
+    any other), so powers of two alone leave the other lengths' versions to the first real requests."""
+    out, n = [], 8
+    while n <= max_tokens:
+        out += [n, n + 1][: 1 + (n < max_tokens)]
+        n *= 2
+    return out
 
 
 class _Request:
@@ -120,7 +115,6 @@ class LLMEngine:
                                   kernels=cuda if config.kernels is None else config.kernels)
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
-        self.steps = 0
         self.step_log: list[StepStat] = []  # every step since the warm-up, for the chapter and the benches
 
     def _auto_blocks(self) -> int:
@@ -140,14 +134,13 @@ class LLMEngine:
             raise RuntimeError("warm up before adding requests")
         self.generate([[1] * min(4, self.max_model_len - 2)], RequestParams(max_tokens=2, ignore_eos=True))
         if self.dev.type == "cuda":
-            n, V = 8, self.lean.embed.shape[0]
-            while n <= min(self.cfg.max_step_tokens, self.max_model_len - 2):  # a token of its own per
-                tok = 2 + n.bit_length() % (V - 2)  # length: no cached prefix shortens the step
+            V = self.lean.embed.shape[0]
+            for i, n in enumerate(warmup_lengths(min(self.cfg.max_step_tokens, self.max_model_len - 2))):
+                tok = 2 + i % (V - 2)  # a token of its own per length: no cached prefix shortens the step
                 self.generate([[tok] * n], RequestParams(max_tokens=1, ignore_eos=True))
-                n *= 2
         if self.runner.graphs:
             self.runner.capture_all()
-        self.steps, self.step_log = 0, []
+        self.step_log = []
 
     # ---- requests ----
     def check_request(self, prompt: list[int], params: RequestParams) -> None:
@@ -196,7 +189,6 @@ class LLMEngine:
             self.runner.release(seq)
         if not sched:
             return []
-        self.steps += 1
         kv = sum(len(s.tokens) for s in sched.decode)
         logits, seqs = self.runner.run(sched)
         ready = self.scheduler.after_step(sched)
@@ -215,6 +207,11 @@ class LLMEngine:
         self.step_log.append(StepStat(len(sched.decode), sched.num_tokens - len(sched.decode), kv,
                                       time.perf_counter() - t0))
         return outs
+
+    @property
+    def steps(self) -> int:
+        """Steps run since the warm-up."""
+        return len(self.step_log)
 
     @property
     def step_tokens(self) -> list[int]:

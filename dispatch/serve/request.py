@@ -1,4 +1,4 @@
-"""What a request asks for and what it gets back (:mod:`dispatch.serve.engine`'s data).
+"""What a request asks for and what it gets back, and what a step did (:mod:`dispatch.serve.engine`'s data).
 
 Log-probabilities (``RequestParams.logprobs = k``): for each generated token, its own
 log-probability under the model's logits (before temperature), and the k most likely tokens with
@@ -8,6 +8,7 @@ normaliser cancels), which tells a near tie — two tokens within round-off — 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from dispatch.engine.sampling import SamplingParams
 
@@ -69,3 +70,18 @@ class Completion:
 
 
 DEFAULT = RequestParams()
+
+
+class StepStat(NamedTuple):
+    """One step as it ran: decode rows, prompt tokens in chunks, the cached positions the decode
+    rows attended to (the KV tokens read per layer) and its wall time — the host's work and the
+    device's, which the step waits for when it reads its tokens back."""
+
+    decode_rows: int
+    prefill_tokens: int
+    kv_tokens: int
+    seconds: float
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_rows + self.prefill_tokens

@@ -162,7 +162,9 @@ def step_rows(lean, batches: list[int], ctx: int, steps: int = 30) -> list[dict]
     return rows
 
 
-def offline_row(name: str, model, lean, reqs, a) -> dict:
+def offline_row(name: str, model, lean, reqs, a, deadline: float = math.inf) -> dict:
+    """One offline contestant's row. transformers' runs stop at ``--peer-cap-s`` or 45 s before
+    ``deadline``, whichever comes first (a bound on their throughput then, never a lost call)."""
     if name == "ours":
         return serve_peers.ours(lean, reqs, max_seqs=a.max_seqs, max_step_tokens=a.max_step_tokens)
     if name == "static":
@@ -173,7 +175,8 @@ def offline_row(name: str, model, lean, reqs, a) -> dict:
     if name == "hf_cb_dispatch":
         use_dispatch_experts(model)
     try:
-        return serve_peers.hf_cb(model, reqs, warmup=runtime.HAS_CUDA, timeout_s=a.peer_cap_s,
+        cap = max(30.0, min(a.peer_cap_s, deadline - time.perf_counter() - 45))
+        return serve_peers.hf_cb(model, reqs, warmup=runtime.HAS_CUDA, timeout_s=cap,
                                  cache_tokens=cpu_cache_tokens(model, a))
     finally:
         model.set_experts_implementation(default)
@@ -275,7 +278,7 @@ def main(argv=None) -> None:
                 row["skipped"] = f"time budget ({a.budget_s:.0f} s) spent"
             else:
                 try:
-                    row.update(offline_row(name, model, lean, reqs, a))
+                    row.update(offline_row(name, model, lean, reqs, a, deadline))
                 except serve_peers.Unfinished as e:  # a bound on its throughput, never a number of its own
                     row.update(e.bound())
                 except Exception as e:  # noqa: BLE001 - recorded with its reason, never a number

@@ -55,6 +55,9 @@ def server(kind: str, folder: str, *, max_seqs: int = 256, max_step_tokens: int 
     """A server process on 127.0.0.1; yields (url, model name to ask for). Stopped (SIGTERM, then
     SIGKILL) on exit. ``cache_tokens`` bounds transformers' KV cache (None: it sizes it from free memory)."""
     port = free_port()
+    if kind == "hf_serve":  # its /v1/models scans the hub cache and answers 500 where the folder does not exist
+        from huggingface_hub.constants import HF_HUB_CACHE
+        os.makedirs(HF_HUB_CACHE, exist_ok=True)
     cmd = _command(kind, folder, port, max_seqs=max_seqs, max_step_tokens=max_step_tokens, cache_tokens=cache_tokens)
     log = open(log_path or os.devnull, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})

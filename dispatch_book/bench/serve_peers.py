@@ -51,7 +51,7 @@ def ours(lean, reqs, *, max_seqs: int = 256, max_step_tokens: int = 2048, graphs
 
 def step_split(log) -> dict:
     """Where a run's time went: {"decode"|"mixed": {"steps", "s", "rows", "kv_tokens", "prefill_tokens"}}
-    over :class:`dispatch.serve.engine.StepStat` records — decode-only steps (graph replays on a GPU)
+    over :class:`dispatch.serve.request.StepStat` records — decode-only steps (graph replays on a GPU)
     and steps with a prompt chunk."""
     out = {k: {"steps": 0, "s": 0.0, "rows": 0, "kv_tokens": 0, "prefill_tokens": 0} for k in ("decode", "mixed")}
     for st in log:
