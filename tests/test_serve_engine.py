@@ -184,6 +184,17 @@ def test_warmup_leaves_nothing_behind(shipped):
         eng.warmup()
 
 
+def test_step_log_keeps_the_latest_steps(shipped, monkeypatch):
+    from dispatch.serve import engine as engine_mod
+
+    model, _, prompts = shipped
+    monkeypatch.setattr(engine_mod, "STEP_LOG", 3)  # a server runs for days: the log must not grow without end
+    eng = LLMEngine(model, EngineConfig(max_seqs=2))
+    eng.generate(prompts[:2], RequestParams(max_tokens=5))
+    assert eng.steps >= 5 and len(eng.step_log) == 3
+    assert all(s.decode_rows + s.prefill_tokens == s.tokens > 0 and s.seconds > 0 for s in eng.step_log)
+
+
 def test_warmup_lengths_cover_each_integer_kind():
     from dispatch.serve.engine import warmup_lengths
 

@@ -166,6 +166,20 @@ def test_disconnect_mid_stream_frees_blocks_at_once(server):
     assert wait_until(lambda: engine.alloc.num_used == 0 and not engine.has_work(), timeout=10)
 
 
+def test_a_slow_step_is_logged(server, monkeypatch, caplog):
+    from dispatch.serve import loop
+
+    url, engine = server
+    monkeypatch.setattr(loop, "SLOW_STEP_S", 0.0)  # every step counts as slow
+    with caplog.at_level("WARNING", logger="dispatch.serve"):
+        status, _, _ = raw(url, "POST", "/v1/completions", json.dumps(
+            {"model": "cpu", "prompt": "def main(", "max_tokens": 3, "temperature": 0, "ignore_eos": True}).encode())
+    assert status == 200
+    said = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert len(said) >= 3 and all("decode rows" in m and "prompt tokens" in m for m in said), said
+    assert any(": 0 decode rows," in m for m in said) and any(": 1 decode rows, 0 prompt tokens" in m for m in said)
+
+
 def test_full_queue_answers_429_with_retry_after(shipped):
     st, port, engine = start(shipped, max_seqs=1, max_waiting=1)
     url = f"http://127.0.0.1:{port}"

@@ -18,6 +18,7 @@ tokens it gets alone, and the tokens chapter 6's static engine gives it.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from dispatch.serve.model import kv_bytes_per_token
 from dispatch.serve.request import DEFAULT, Completion, RequestOutput, RequestParams, StepStat
 from dispatch.serve.runner import ModelRunner
 from dispatch.serve.scheduler import QueueFull, Scheduler, SchedulerConfig, Sequence  # noqa: F401
+
+STEP_LOG = 100_000  # the latest steps kept in LLMEngine.step_log (a server runs for days: older ones go)
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,8 @@ class LLMEngine:
                                   kernels=cuda if config.kernels is None else config.kernels)
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
-        self.step_log: list[StepStat] = []  # every step since the warm-up, for the chapter and the benches
+        self.steps = 0  # steps run since the warm-up
+        self.step_log: collections.deque[StepStat] = collections.deque(maxlen=STEP_LOG)  # the latest steps
 
     def _auto_blocks(self) -> int:
         per_block = kv_bytes_per_token(self.lean) * self.cfg.block_size
@@ -140,7 +144,8 @@ class LLMEngine:
                 self.generate([[tok] * n], RequestParams(max_tokens=1, ignore_eos=True))
         if self.runner.graphs:
             self.runner.capture_all()
-        self.step_log = []
+        self.steps = 0
+        self.step_log.clear()
 
     # ---- requests ----
     def check_request(self, prompt: list[int], params: RequestParams) -> None:
@@ -204,14 +209,10 @@ class LLMEngine:
             outs.append(self._check_stop(req, tok))
             if seq.id in lps:
                 outs[-1].logprobs = [lps[seq.id]]
+        self.steps += 1
         self.step_log.append(StepStat(len(sched.decode), sched.num_tokens - len(sched.decode), kv,
                                       time.perf_counter() - t0))
         return outs
-
-    @property
-    def steps(self) -> int:
-        """Steps run since the warm-up."""
-        return len(self.step_log)
 
     @property
     def step_tokens(self) -> list[int]:

@@ -18,6 +18,7 @@ from dispatch.serve.engine import LLMEngine
 from dispatch.serve.scheduler import QueueFull
 
 log = logging.getLogger("dispatch.serve")
+SLOW_STEP_S = 1.0  # a step this long is logged (a kernel compiling for a new shape, mostly)
 
 
 class EngineLoop:
@@ -86,6 +87,7 @@ class EngineLoop:
                 self.wake.wait(0.05)
                 self.wake.clear()
                 continue
+            before = self.engine.steps
             try:
                 outs = self.engine.step()
             except Exception as e:  # noqa: BLE001 - every waiting handler must hear of it
@@ -96,6 +98,10 @@ class EngineLoop:
                 self.sinks.clear()
                 return
             now = time.perf_counter()
+            last = self.engine.step_log[-1] if self.engine.steps > before else None
+            if last is not None and last.seconds > SLOW_STEP_S:
+                log.warning("step %d took %.2f s: %d decode rows, %d prompt tokens, %d cached tokens read",
+                            self.engine.steps, last.seconds, last.decode_rows, last.prefill_tokens, last.kv_tokens)
             for o in outs:
                 sink = self.sinks.pop(o.id, None) if o.finished else self.sinks.get(o.id)
                 if sink is not None:

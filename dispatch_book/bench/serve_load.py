@@ -167,20 +167,24 @@ def malformed_bodies(model: str) -> list[bytes]:
 
 
 async def reliability(url: str, model: str, reqs: list[Request], *, disconnect: float = 0.1, malformed: float = 0.05,
-                      concurrency: int = 64, seed: int = 0, timeout: float = 600) -> dict:
+                      concurrency: int = 64, seed: int = 0, timeout: float = 600, into: dict | None = None) -> dict:
     """Send ``reqs`` (greedy, streamed) with ``concurrency`` in flight: a share of them is cut off
     mid-stream, a share replaced by malformed bodies. Returns the counts by status, the texts of the
-    completed requests (index → text) and what went wrong (5xx, malformed not answered 400)."""
+    completed requests (index → text) and what went wrong (5xx, malformed not answered 400).
+    ``into``: a dict filled as answers arrive (what a cancelled run got that far)."""
     import aiohttp
 
     rng, bad = random.Random(seed), malformed_bodies(model)
     kinds = ["malformed" if x < malformed else "disconnect" if x < malformed + disconnect else "full"
              for x in (rng.random() for _ in reqs)]
     sem = asyncio.Semaphore(concurrency)
-    statuses: dict[int, int] = {}
-    texts: dict[int, str] = {}
-    done: dict[int, Record] = {}
-    problems: list[str] = []
+    rep = into if into is not None else {}
+    rep.update(statuses={}, texts={}, records={}, problems=[],
+               kinds={k: kinds.count(k) for k in ("full", "disconnect", "malformed")})
+    statuses: dict[int, int] = rep["statuses"]
+    texts: dict[int, str] = rep["texts"]
+    done: dict[int, Record] = rep["records"]
+    problems: list[str] = rep["problems"]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
         async def one(i, req, kind):
             async with sem:
@@ -206,8 +210,7 @@ async def reliability(url: str, model: str, reqs: list[Request], *, disconnect: 
                     problems.append(f"#{i}: status {st}")
 
         await asyncio.gather(*(one(i, r, k) for i, (r, k) in enumerate(zip(reqs, kinds, strict=True))))
-    return {"statuses": statuses, "texts": texts, "records": done, "problems": problems,
-            "kinds": {k: kinds.count(k) for k in ("full", "disconnect", "malformed")}}
+    return rep
 
 
 def first_difference(ours: Record, alone: Record) -> dict | None:
