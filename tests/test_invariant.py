@@ -80,23 +80,33 @@ def test_silu_mul_rows(gate):
         inv.silu_mul(a[:3], b[:4], gate=gate)
 
 
-def test_decode_tiles_are_one_config_per_layer(monkeypatch):
+def test_decode_tiles_keep_the_one_token_kind(monkeypatch):
     cfg = tiny_lean("olmoe")[1].moe_cfgs[0]
     assert inv.decode_tiles(cfg, torch.float32, "cpu") == inv.INTERPRET_DECODE
-    # on a GPU: the table's one-token tiles, unless they are an FMA or one-launch variant
+    assert inv.decode_tiles(cfg, torch.float32, "cpu", T=40) == inv.INTERPRET_DECODE
+    # on a GPU: the table's one-token tiles, unless they are an FMA or one-launch variant; at T > 1,
+    # T's own tiles when they are of that kind (16 rows per tl.dot, three launches)
     inv._decode_tiles.cache_clear()
     monkeypatch.setattr(tiles, "interpreting", lambda dev: False)
     monkeypatch.setattr(tiles, "_slug", lambda dev: "fake")
     plain, fma = DecodeConfig(block_m=16, programs=64), DecodeConfig(block_m=1, programs=64)
-    monkeypatch.setattr(tiles, "heuristic_decode", lambda *a: DecodeConfig(block_m=32))
+    wide = DecodeConfig(block_m=16, block_i=64, block_ho=128, programs=264)
+    heuristic = DecodeConfig(block_m=16, block_i=16)
+    monkeypatch.setattr(tiles, "heuristic_decode", lambda *a: heuristic)
+    by_t = {1: plain, 8: DecodeConfig(block_m=16, fused=64), 16: DecodeConfig(split=1), 32: DecodeConfig(block_m=32),
+            64: wide}
     try:
-        for table, want in ((plain, plain), (fma, DecodeConfig(block_m=32)), (DecodeConfig(split=1), DecodeConfig(
-                block_m=32))):
+        for T, want in ((1, plain), (8, plain), (16, plain), (32, plain), (64, wide)):
             inv._decode_tiles.cache_clear()
             asked = []
-            monkeypatch.setattr(tiles, "_lookup", lambda *a, t=table, seen=asked: seen.append(a[7]) or t)  # a[7]: T
-            assert inv.decode_tiles(cfg, torch.bfloat16, "cuda") == want
-            assert asked == [1]  # the one-token bucket, whatever the step's rows
+            monkeypatch.setattr(tiles, "_lookup", lambda *a, seen=asked: seen.append(a[7]) or by_t[a[7]])  # a[7]: T
+            assert inv.decode_tiles(cfg, torch.bfloat16, "cuda", T=T) == want, T
+            assert asked == ([1] if T == 1 else [1, T])
+        by_t[1] = fma  # an FMA one-token config: the heuristic's tl.dot tiles, and T's only if of their kind
+        for T, want in ((1, heuristic), (64, wide), (32, heuristic)):
+            inv._decode_tiles.cache_clear()
+            monkeypatch.setattr(tiles, "_lookup", lambda *a: by_t[a[7]])
+            assert inv.decode_tiles(cfg, torch.bfloat16, "cuda", T=T) == want, T
     finally:
         inv._decode_tiles.cache_clear()
 
