@@ -2,7 +2,8 @@
 
 CPU: Triton's interpreter, fp32, tiny random models and the shipped one; every comparison is bitwise
 (``torch.equal``), except against the default forward (same model, other reduction orders: 1e-5 of the
-largest |logit|). GPU (marker ``gpu``): the shipped model in bf16, T = 1 … 64, decode and verify steps.
+largest |logit|). GPU (marker ``gpu``): the shipped model in bf16, T = 1 … 64, decode and verify steps;
+one MoE layer of OLMoE and Qwen3 shapes, whose tuned tiles change with T.
 """
 import pytest
 import torch
@@ -80,23 +81,33 @@ def test_silu_mul_rows(gate):
         inv.silu_mul(a[:3], b[:4], gate=gate)
 
 
-def test_decode_tiles_are_one_config_per_layer(monkeypatch):
+def test_decode_tiles_keep_the_one_token_kind(monkeypatch):
     cfg = tiny_lean("olmoe")[1].moe_cfgs[0]
     assert inv.decode_tiles(cfg, torch.float32, "cpu") == inv.INTERPRET_DECODE
-    # on a GPU: the table's one-token tiles, unless they are an FMA or one-launch variant
+    assert inv.decode_tiles(cfg, torch.float32, "cpu", T=40) == inv.INTERPRET_DECODE
+    # on a GPU: the table's one-token tiles, unless they are an FMA or one-launch variant; at T > 1,
+    # T's own tiles when they are of that kind (16 rows per tl.dot, three launches)
     inv._decode_tiles.cache_clear()
     monkeypatch.setattr(tiles, "interpreting", lambda dev: False)
     monkeypatch.setattr(tiles, "_slug", lambda dev: "fake")
     plain, fma = DecodeConfig(block_m=16, programs=64), DecodeConfig(block_m=1, programs=64)
-    monkeypatch.setattr(tiles, "heuristic_decode", lambda *a: DecodeConfig(block_m=32))
+    wide = DecodeConfig(block_m=16, block_i=64, block_ho=128, programs=264)
+    heuristic = DecodeConfig(block_m=16, block_i=16)
+    monkeypatch.setattr(tiles, "heuristic_decode", lambda *a: heuristic)
+    by_t = {1: plain, 8: DecodeConfig(block_m=16, fused=64), 16: DecodeConfig(split=1), 32: DecodeConfig(block_m=32),
+            64: wide}
     try:
-        for table, want in ((plain, plain), (fma, DecodeConfig(block_m=32)), (DecodeConfig(split=1), DecodeConfig(
-                block_m=32))):
+        for T, want in ((1, plain), (8, plain), (16, plain), (32, plain), (64, wide)):
             inv._decode_tiles.cache_clear()
             asked = []
-            monkeypatch.setattr(tiles, "_lookup", lambda *a, t=table, seen=asked: seen.append(a[7]) or t)  # a[7]: T
-            assert inv.decode_tiles(cfg, torch.bfloat16, "cuda") == want
-            assert asked == [1]  # the one-token bucket, whatever the step's rows
+            monkeypatch.setattr(tiles, "_lookup", lambda *a, seen=asked: seen.append(a[7]) or by_t[a[7]])  # a[7]: T
+            assert inv.decode_tiles(cfg, torch.bfloat16, "cuda", T=T) == want, T
+            assert asked == ([1] if T == 1 else [1, T])
+        by_t[1] = fma  # an FMA one-token config: the heuristic's tl.dot tiles, and T's only if of their kind
+        for T, want in ((1, heuristic), (64, wide), (32, heuristic)):
+            inv._decode_tiles.cache_clear()
+            monkeypatch.setattr(tiles, "_lookup", lambda *a: by_t[a[7]])
+            assert inv.decode_tiles(cfg, torch.bfloat16, "cuda", T=T) == want, T
     finally:
         inv._decode_tiles.cache_clear()
 
@@ -193,3 +204,22 @@ def test_gpu_engine_graphs_batch_invariant():
     together = eng.generate(prompts, 32).tokens
     for r in (0, 17, 36):
         assert eng.generate(prompts[r:r + 1], 32).tokens[0] == together[r]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["olmoe-1b-7b", "qwen3-30b-a3b"])
+def test_gpu_tuned_layer_rows_T_1_to_64(preset):
+    """One MoE layer of a preset with tuned tiles (bf16, random weights): each T takes its bucket's
+    tiles where they are of the one-token kind, and every row's output is the bits it has alone."""
+    from dispatch.config import PRESETS, random_weights
+
+    cfg = PRESETS[preset]
+    w = random_weights(cfg, seed=3, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(64, cfg.H, generator=torch.Generator().manual_seed(4)).to("cuda", torch.bfloat16)
+    alone = torch.cat([inv.moe_layer(x[r:r + 1], cfg, w) for r in range(64)])
+    seen = set()
+    for T in range(1, 65):
+        seen.add(inv.decode_tiles(cfg, torch.bfloat16, "cuda", T))
+        assert torch.equal(inv.moe_layer(x[:T], cfg, w), alone[:T]), T
+    if len(seen) == 1:  # no tuned table for this GPU: one config for every T, the claim held trivially
+        pytest.skip(f"one experts config for T = 1..64 on {torch.cuda.get_device_name()}")

@@ -20,7 +20,7 @@ order fixed by the model's shapes (and the device), never by the number of rows:
     router + top-K                        ``fused_moe.router_topk``           one program per token,
                                                                               tiles from (E, H)
     routed experts + k-order combine      ``moe_decode(config=decode_tiles)``  the decode path at every T,
-                                                                              one DecodeConfig
+                                                                              16 rows per tl.dot, 3 launches
     next token                            ``argmax``                          exact (no rounding)
 
 Elementwise ops are invariant on a GPU, but not all of them on a CPU: torch's vectorised SiLU and
@@ -81,16 +81,19 @@ def attention_splits(S: int, KV: int, device) -> int:
     return num_splits(S, KV, device)
 
 
-@functools.lru_cache(maxsize=256)
-def _decode_tiles(K: int, E: int, H: int, I: int, dtype: torch.dtype, device: str) -> DecodeConfig:  # noqa: E741
-    return tiles.resolve("decode_invariant", (1, K, E, H, I), dtype, torch.device(device)).config
+@functools.lru_cache(maxsize=1024)
+def _decode_tiles(T: int, K: int, E: int, H: int, I: int, dtype: torch.dtype, device: str) -> DecodeConfig:  # noqa: E741
+    return tiles.resolve("decode_invariant", (T, K, E, H, I), dtype, torch.device(device)).config
 
 
-def decode_tiles(cfg: MoEConfig, dtype: torch.dtype, device) -> DecodeConfig:
-    """The one :class:`DecodeConfig` of a layer's experts in batch-invariant mode, for every T: the
-    one-token tiles of the tuned table or the heuristic (tl.dot on 16-row tiles, three launches):
-    ``tiles.resolve("decode_invariant", ...)``."""
-    return _decode_tiles(cfg.K, cfg.E, cfg.H, cfg.I, dtype, str(torch.device(device)))
+def decode_tiles(cfg: MoEConfig, dtype: torch.dtype, device, T: int = 1) -> DecodeConfig:
+    """A layer's experts tiles in batch-invariant mode for a step of T rows
+    (``tiles.resolve("decode_invariant", ...)``): the one-token tiles of the tuned table or the
+    heuristic, tl.dot on 16-row tiles in three launches; at T > 1 T's own tiles where they are of
+    the same kind (rows per tl.dot, three launches): they change which program computes a tile and
+    the tile's width, not the order of any row's sum, which runs over H (or I) in 16-wide MMA steps
+    carried in one accumulator whatever the chunk sizes."""
+    return _decode_tiles(T, cfg.K, cfg.E, cfg.H, cfg.I, dtype, str(torch.device(device)))
 
 
 def moe_layer(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
@@ -104,7 +107,7 @@ def moe_layer(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor
                          f"(dispatch.families: softmax); {cfg.family} scores with {cfg.scoring!r}")
     weights_TK, ids_TK = router_topk(x_TH, w.router_EH, cfg)
     y_TH = moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI,
-                      config=decode_tiles(cfg, x_TH.dtype, x_TH.device), activation=cfg.activation)
+                      config=decode_tiles(cfg, x_TH.dtype, x_TH.device, x_TH.shape[0]), activation=cfg.activation)
     if not cfg.shared_intermediate_size:
         return y_TH
     S = cfg.shared_intermediate_size  # two GEMMs of S, as the reference layer (dispatch.reference.shared_reference)

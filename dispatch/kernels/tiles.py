@@ -11,8 +11,9 @@ came from.
                                                  n more experts), moe_decode_quant (scheme=), moe_decode_1
     "crossover" int: decode for T ≤ it           moe(path="auto"), the experts backend, quantized experts
     "dense"     DenseGemvConfig (shape: M, N, K)  linear_small
-    batch-invariant mode (:mod:`dispatch.engine.invariant`): one config for every T (or M)
-    "decode_invariant"  DecodeConfig: the one-token tiles, three launches of tl.dot   its moe_decode
+    batch-invariant mode (:mod:`dispatch.engine.invariant`): every T (or M) reduces a row as one token does
+    "decode_invariant"  DecodeConfig: T's tiles when of the one-token kind (rows per tl.dot, three
+                        launches), else the one-token tiles                   its moe_decode
     "dense_invariant"   DenseGemvConfig (shape: M, N, K; M unused)   linear_small(invariant=True)
 
 Order of choice, for a layer shape (T, K, E, H, I), a dtype and a device:
@@ -121,14 +122,19 @@ def resolve(kind: str, shape: Shape | tuple | None, dtype, device, *, scheme: st
             invariant_dense(N, Kd, dev, dtype.itemsize)
         return Tiles(rule, "heuristic")
     T, K, E, H, I = shape  # noqa: E741
-    if kind == "decode_invariant":  # T's own tiles would follow T: the one-token ones, for every T
+    if kind == "decode_invariant":  # every T reduces a row as one token does (see dispatch.engine.invariant)
         if interpreting(dev):
             return Tiles(INVARIANT_INTERPRET_DECODE, "heuristic")
         got = resolve("decode", (1, K, E, H, I), dtype, dev, table=table)
         cfg, src = got.config, got.source
         if cfg.block_m < 16 or cfg.fused or cfg.split:  # an FMA or one-launch variant: the plain tl.dot tiles
             cfg, src = heuristic_decode(1, K, E, H, I, dev), "heuristic"
-        return Tiles(replace(cfg, fused=0, split=0), src)
+        one = Tiles(replace(cfg, fused=0, split=0), src)
+        if T > 1:  # T's own tiles where they keep the one-token rows per tl.dot and the three launches
+            got = resolve("decode", (T, K, E, H, I), dtype, dev, table=table)
+            if got.config.block_m == one.config.block_m and not got.config.fused and not got.config.split:
+                return got
+        return one
     slug = _slug(dev) if table else None
     user = tables.user_dir_key()
     if kind == "crossover":
