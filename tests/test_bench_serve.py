@@ -87,6 +87,31 @@ def test_suite_on_cpu(tmp_path):
     assert not any(int(s) >= 500 for s in rel["statuses"])
 
 
+def test_a_second_call_merges_by_part():
+    """A recording made in two GPU calls at two commits: the second call's parts replace the first's
+    rows of those parts only, and each run's commit stays named (provenance, staleness)."""
+    from dispatch_book.bench import results
+
+    def doc(commit, rows):
+        return {"benchmark": "serve", "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
+                "versions": {"torch": "2.11", "triton": "3.6", "transformers": "5.17"},
+                "git_commit": commit, "date": f"2026-12-0{commit[0]}T00:00:00+00:00", "command": f"run {commit[0]}",
+                "rows": rows}
+
+    old = doc("5" * 40, [{"part": "step", "batch": 1}, {"part": "offline", "contestant": "ours"},
+                         {"part": "online", "contestant": "ours", "rate": 4}])
+    new = doc("7" * 40, [{"part": "online", "contestant": "hf_serve", "rate": 4},
+                         {"part": "reliability", "contestant": "ours"}])
+    got = results.merged(new, old)
+    assert [(r["part"], r.get("contestant")) for r in got["rows"]] == [
+        ("online", "hf_serve"), ("reliability", "ours"), ("step", None), ("offline", "ours")]  # old online: replaced
+    assert [(p["git_commit"][0], sorted(s[0] for s in p["sizes"])) for p in got["parts"]] == [
+        ("7", ["online", "reliability"]), ("5", ["offline", "step"])]
+    text = results.provenance(got).replace("\n", " ")
+    assert "in 2 runs: online, reliability on 2026-12-07 at commit 7777" in text
+    assert "offline, step on 2026-12-05 at commit 5555" in text
+
+
 def test_unfinished_bounds_the_throughput():
     """A run cut off after 20 s with 3,000 tokens asked for could not have run faster than 150 tokens/s."""
     from dispatch_book.bench.serve_peers import Unfinished

@@ -190,9 +190,10 @@ _SAME = ("benchmark", "gpu", "gpu_count", "versions", "ceilings")  # what one me
 
 def _size(row: dict) -> tuple:
     """What a merge keys rows by: (shape, tokens), and the routing where it is not uniform
-    (``dispatch_book.bench.skew``: a skewed file may hold several routings)."""
+    (``dispatch_book.bench.skew``: a skewed file may hold several routings); a suite without shapes
+    by the row's part (``serve``: step, offline, online, reliability)."""
     routing = row.get("routing", "uniform")
-    return (row.get("shape"), row.get("tokens")) + (() if routing == "uniform" else (routing,))
+    return (row.get("shape", row.get("part")), row.get("tokens")) + (() if routing == "uniform" else (routing,))
 
 
 def _part(doc: dict) -> dict:
@@ -225,6 +226,8 @@ def _sizes_text(sizes: list, all_shapes: set) -> str:
     """"T = 1, 8, 64", plus "for SHAPES" when the run measured some of the recording's shapes only."""
     tokens = sorted({s[1] for s in sizes if s[1] is not None})
     shapes = sorted({s[0] for s in sizes if s[0] is not None})
+    if not tokens:  # parts of a suite without sizes (serve)
+        return ", ".join(shapes)
     routings = sorted({s[2] for s in sizes if len(s) > 2})
     text = f"T = {', '.join(map(str, tokens))}" + (f" ({', '.join(routings)} routing)" if routings else "")
     return text if set(shapes) >= all_shapes else f"{text} for {', '.join(shapes)}"

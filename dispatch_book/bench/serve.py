@@ -37,7 +37,7 @@ import urllib.request
 
 import torch
 
-from dispatch import runtime
+from dispatch import files, runtime
 from dispatch_book import bench
 from dispatch_book.bench import results, serve_load, serve_online, serve_peers
 
@@ -199,16 +199,32 @@ def save_folder(model, tok) -> str:
     return folder
 
 
-def kept(parts: list[str], out: str | None) -> tuple[list[dict], dict]:
-    """The rows (and workload descriptions) of the parts this run does not measure: from the file it
-    is about to replace, else from this GPU's recording shipped with the package (so a second GPU
-    call adds to the first)."""
+def kept(parts: list[str], out: str | None) -> dict:
+    """The workload descriptions of the parts this run does not measure, from the recording it adds
+    to: the file at ``out``, else this GPU's recording shipped with the package, which is copied
+    there first (so the run's saves merge into it: :func:`record`)."""
     path = pathlib.Path(out or results.SCRATCH) / bench.gpu_slug() / "serve.json"
     doc = json.loads(path.read_text()) if path.is_file() else results.load("serve", bench.gpu_slug())
     if doc is None:
-        return [], {}
-    return [r for r in doc["rows"] if r.get("part") not in parts], \
-        {k: doc[k] for k in ("offline", "online", "model", "dtype") if k in doc and k not in parts}
+        return {}
+    if not path.is_file():
+        files.write_text(path, json.dumps(doc, indent=1) + "\n")
+    return {k: doc[k] for k in ("offline", "online", "model", "dtype") if k in doc and k not in parts}
+
+
+def record(rows: list[dict], extra: dict) -> None:
+    """Save this run's rows, merged into the recording there (its rows of the other parts kept, each
+    run's commit in ``"parts"``: :func:`dispatch_book.bench.results.merged`); a recording that cannot
+    take them (other software, another GPU) is replaced, and says so."""
+    row = rows[-1]
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "errors"}, flush=True)
+    try:
+        bench.save("serve", rows, extra=extra, merge=True)
+    except ValueError as e:
+        if "cannot merge" not in str(e):
+            raise
+        print(f"replacing the recording there: {e}", flush=True)
+        bench.save("serve", rows, extra=extra)
 
 
 def _blocks_used(url: str) -> int:
@@ -247,19 +263,18 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     deadline = t_start + a.budget_s
     parts, names = a.parts.split(","), a.contestants.split(",")
-    rows, extra = kept(parts, results._cli["out"])
+    rows, extra = [], kept(parts, results._cli["out"])
     extra["slo"] = {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms}
 
-    def record(row):
+    def save(row):
         rows.append(row)
-        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "errors"}, flush=True)
-        bench.save("serve", rows, extra=extra)
+        record(rows, extra)
 
     if a.url:  # an external server: the online sweep only
         reqs = serve_load.workload(a.online_n, _range(a.online_prompt), _range(a.online_output), 1000, a.seed)
         for r in serve_online.sweep("ours", a.url, a.served_model, reqs, [float(x) for x in a.rates.split(",")],
                                     slo_ttft_s=a.slo_ttft_ms / 1e3, slo_tpot_s=a.slo_tpot_ms / 1e3):
-            record({"part": "online", "contestant": "url", "url": a.url, **r})
+            save({"part": "online", "contestant": "url", "url": a.url, **r})
         return
     from dispatch.engine import LeanModel, register
 
@@ -270,7 +285,7 @@ def main(argv=None) -> None:
     extra.update(model=what, dtype=str(lean.dtype))
     if "step" in parts:
         for r in step_rows(lean, [int(b) for b in a.step_batches.split(",")], a.step_context):
-            record(r)
+            save(r)
     if "offline" in parts:
         reqs = serve_load.workload(a.offline_n, _range(a.offline_prompt), _range(a.offline_output), V, a.seed)
         extra["offline"] = {"n": a.offline_n, "prompt": a.offline_prompt, "output": a.offline_output}
@@ -286,7 +301,7 @@ def main(argv=None) -> None:
                 except Exception as e:  # noqa: BLE001 - recorded with its reason, never a number
                     row["did_not_run"] = f"{type(e).__name__}: {str(e)[:300]}"
             _free()
-            record(row)
+            save(row)
     folder = None
     if "online" in parts or "reliability" in parts:
         folder = save_folder(model, tok) if runtime.HAS_CUDA else "cpu"
@@ -307,10 +322,10 @@ def main(argv=None) -> None:
                 if "online" in parts and kind in names:
                     for r in serve_online.sweep(kind, url, n, online, rates, slo_ttft_s=a.slo_ttft_ms / 1e3,
                                                 slo_tpot_s=a.slo_tpot_ms / 1e3, seed=a.seed, deadline=deadline):
-                        record({"part": "online", "contestant": kind, **r})
+                        save({"part": "online", "contestant": kind, **r})
                 if kind == "ours" and "reliability" in parts:  # the same server, then the faults
-                    record(reliability_row(url, n, a, V, deadline))
+                    save(reliability_row(url, n, a, V, deadline))
         except serve_online.DidNotRun as e:  # a server that does not start is a recorded reason
-            record({"part": "online" if "online" in parts else "reliability", "contestant": kind,
+            save({"part": "online" if "online" in parts else "reliability", "contestant": kind,
                     "did_not_run": str(e)[:400]})
-    print("wrote", bench.save("serve", rows, extra=extra), f"in {time.perf_counter() - t_start:.0f} s")
+    print(f"done in {time.perf_counter() - t_start:.0f} s")

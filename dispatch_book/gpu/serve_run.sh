@@ -5,7 +5,8 @@
 # lengths uniform in 100-1024: ours, the static engine, transformers' continuous batching with its
 # default experts and with ours), the online sweep (Poisson arrivals: ours vs `transformers serve`)
 # and the reliability run. The results file is written after every contestant, so a cut-off run keeps
-# what it measured; PARTS=online,reliability in a second call adds the rest to the same file.
+# what it measured; PARTS=online,reliability in a second call merges into the same file (each part
+# names the commit it was measured at: results.merged).
 #   DISPATCH_GIT_COMMIT=<sha> [PARTS=step,offline,online,reliability] [RELIABILITY_N=2000] \
 #       dispatch_book/gpu/serve_run.sh "$OUT"
 #   DISPATCH_GIT_COMMIT=<sha> PARTS=reliability TESTS=0 dispatch_book/gpu/serve_run.sh "$OUT"   # 10,000 requests
