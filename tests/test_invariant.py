@@ -85,8 +85,8 @@ def test_decode_tiles_keep_the_one_token_kind(monkeypatch):
     cfg = tiny_lean("olmoe")[1].moe_cfgs[0]
     assert inv.decode_tiles(cfg, torch.float32, "cpu") == inv.INTERPRET_DECODE
     assert inv.decode_tiles(cfg, torch.float32, "cpu", T=40) == inv.INTERPRET_DECODE
-    # on a GPU: the table's one-token tiles, unless they are an FMA or one-launch variant; at T > 1,
-    # T's own tiles when they are of that kind (16 rows per tl.dot, three launches)
+    # on a GPU: the table's one-token tiles, unless they are FMAs or a split sum; at T > 1, T's own
+    # tiles when they are of that kind (16 rows per tl.dot, one launch or three, no split)
     inv._decode_tiles.cache_clear()
     monkeypatch.setattr(tiles, "interpreting", lambda dev: False)
     monkeypatch.setattr(tiles, "_slug", lambda dev: "fake")
@@ -94,15 +94,19 @@ def test_decode_tiles_keep_the_one_token_kind(monkeypatch):
     wide = DecodeConfig(block_m=16, block_i=64, block_ho=128, programs=264)
     heuristic = DecodeConfig(block_m=16, block_i=16)
     monkeypatch.setattr(tiles, "heuristic_decode", lambda *a: heuristic)
-    by_t = {1: plain, 8: DecodeConfig(block_m=16, fused=64), 16: DecodeConfig(split=1), 32: DecodeConfig(block_m=32),
-            64: wide}
+    fused = DecodeConfig(block_m=16, fused=64)
+    by_t = {1: plain, 8: fused, 16: DecodeConfig(split=1), 32: DecodeConfig(block_m=32), 64: wide}
     try:
-        for T, want in ((1, plain), (8, plain), (16, plain), (32, plain), (64, wide)):
+        for T, want in ((1, plain), (8, fused), (16, plain), (32, plain), (64, wide)):
             inv._decode_tiles.cache_clear()
             asked = []
             monkeypatch.setattr(tiles, "_lookup", lambda *a, seen=asked: seen.append(a[7]) or by_t[a[7]])  # a[7]: T
             assert inv.decode_tiles(cfg, torch.bfloat16, "cuda", T=T) == want, T
             assert asked == ([1] if T == 1 else [1, T])
+        by_t[1] = fused  # one launch of the chain's items: bitwise the three launches, so kept
+        inv._decode_tiles.cache_clear()
+        monkeypatch.setattr(tiles, "_lookup", lambda *a: by_t[a[7]])
+        assert inv.decode_tiles(cfg, torch.bfloat16, "cuda", T=1) == fused
         by_t[1] = fma  # an FMA one-token config: the heuristic's tl.dot tiles, and T's only if of their kind
         for T, want in ((1, heuristic), (64, wide), (32, heuristic)):
             inv._decode_tiles.cache_clear()

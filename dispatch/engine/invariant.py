@@ -20,7 +20,7 @@ order fixed by the model's shapes (and the device), never by the number of rows:
     router + top-K                        ``fused_moe.router_topk``           one program per token,
                                                                               tiles from (E, H)
     routed experts + k-order combine      ``moe_decode(config=decode_tiles)``  the decode path at every T,
-                                                                              16 rows per tl.dot, 3 launches
+                                                                              16 rows per tl.dot, no split
     next token                            ``argmax``                          exact (no rounding)
 
 Elementwise ops are invariant on a GPU, but not all of them on a CPU: torch's vectorised SiLU and
@@ -89,10 +89,11 @@ def _decode_tiles(T: int, K: int, E: int, H: int, I: int, dtype: torch.dtype, de
 def decode_tiles(cfg: MoEConfig, dtype: torch.dtype, device, T: int = 1) -> DecodeConfig:
     """A layer's experts tiles in batch-invariant mode for a step of T rows
     (``tiles.resolve("decode_invariant", ...)``): the one-token tiles of the tuned table or the
-    heuristic, tl.dot on 16-row tiles in three launches; at T > 1 T's own tiles where they are of
-    the same kind (rows per tl.dot, three launches): they change which program computes a tile and
-    the tile's width, not the order of any row's sum, which runs over H (or I) in 16-wide MMA steps
-    carried in one accumulator whatever the chunk sizes."""
+    heuristic, tl.dot on 16-row tiles (three launches, or their items in one: bitwise the same,
+    :mod:`dispatch.kernels.decode_fused`); at T > 1 T's own tiles where they are of the same kind
+    (rows per tl.dot, no split sum over I): they change which program computes a tile and the tile's
+    width, not the order of any row's sum, which runs over H (or I) in 16-wide MMA steps carried in
+    one accumulator whatever the chunk sizes."""
     return _decode_tiles(T, cfg.K, cfg.E, cfg.H, cfg.I, dtype, str(torch.device(device)))
 
 

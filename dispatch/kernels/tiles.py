@@ -12,8 +12,8 @@ came from.
     "crossover" int: decode for T ≤ it           moe(path="auto"), the experts backend, quantized experts
     "dense"     DenseGemvConfig (shape: M, N, K)  linear_small
     batch-invariant mode (:mod:`dispatch.engine.invariant`): every T (or M) reduces a row as one token does
-    "decode_invariant"  DecodeConfig: T's tiles when of the one-token kind (rows per tl.dot, three
-                        launches), else the one-token tiles                   its moe_decode
+    "decode_invariant"  DecodeConfig: T's tiles when of the one-token kind (rows per tl.dot, no
+                        split sum), else the one-token tiles                  its moe_decode
     "dense_invariant"   DenseGemvConfig (shape: M, N, K; M unused)   linear_small(invariant=True)
 
 Order of choice, for a layer shape (T, K, E, H, I), a dtype and a device:
@@ -127,12 +127,12 @@ def resolve(kind: str, shape: Shape | tuple | None, dtype, device, *, scheme: st
             return Tiles(INVARIANT_INTERPRET_DECODE, "heuristic")
         got = resolve("decode", (1, K, E, H, I), dtype, dev, table=table)
         cfg, src = got.config, got.source
-        if cfg.block_m < 16 or cfg.fused or cfg.split:  # an FMA or one-launch variant: the plain tl.dot tiles
+        if cfg.block_m < 16 or cfg.split:  # FMAs, or a split sum over I: the plain tl.dot tiles
             cfg, src = heuristic_decode(1, K, E, H, I, dev), "heuristic"
-        one = Tiles(replace(cfg, fused=0, split=0), src)
-        if T > 1:  # T's own tiles where they keep the one-token rows per tl.dot and the three launches
+        one = Tiles(replace(cfg, split=0), src)
+        if T > 1:  # T's own tiles where they keep the one-token rows per tl.dot and the unsplit sum
             got = resolve("decode", (T, K, E, H, I), dtype, dev, table=table)
-            if got.config.block_m == one.config.block_m and not got.config.fused and not got.config.split:
+            if got.config.block_m == one.config.block_m and not got.config.split:
                 return got
         return one
     slug = _slug(dev) if table else None
