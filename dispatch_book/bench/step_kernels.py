@@ -7,7 +7,8 @@ bf16 (fp16 below sm_80), each call captured in a CUDA graph and its replays time
 flushed in between (``harness.time_ms(graph=True)``: the weights come from HBM, as in a decode step,
 where 16 layers' weights never fit in L2). Projections: ``F.linear`` (cuBLAS) against
 :func:`dispatch.kernels.dense_gemv.linear_small` with its heuristic tiles and with each candidate of
-``DENSE_CONFIGS``, at 1 and 8 rows; GB/s count W, x and y once. Attention: SDPA with the boolean
+``DENSE_CONFIGS``, at 1 and 8 rows; GB/s count W, x and y once. Batch-invariant mode's projections
+(``invariant=True``) with its rule's config and each candidate, at 1 and 64 rows. Attention: SDPA with the boolean
 mask the engine used (key position ≤ row position over the whole static cache) against
 :func:`dispatch.kernels.attention.decode_attention`, at batch 1 and 64 over caches of 256 and 2048
 positions, every row at the cache's last position. Each of ours is checked against its baseline
@@ -16,6 +17,7 @@ positions, every row at the cache's last position. Each of ours is checked again
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,7 @@ from dispatch_book import bench
 
 PROJECTIONS = {"qkv": (6144, 2048), "o": (2048, 2048), "lm_head": (50304, 2048)}
 ROWS = (1, 8)
+INVARIANT_ROWS = (1, 64)  # batch-invariant mode: a verify step of one row, a batch of 64
 HEADS, HEAD_DIM = 16, 128
 ATTENTION = [(B, S) for B in (1, 64) for S in (256, 2048)]
 TOLERANCE = 1e-2
@@ -71,6 +74,40 @@ def projections(dev, dt) -> list[dict]:
     return rows
 
 
+def invariant_projections(dev, dt) -> list[dict]:
+    """Batch-invariant mode's projections (``linear_small(invariant=True)``: 16-row tl.dot tiles, one
+    config per weight): its rule's config and each candidate of ``DENSE_CONFIGS``, at 1 row (against
+    the default's one-row kernel) and 64 (against cuBLAS). Any candidate kept for every M is as
+    invariant as the rule's, so the fastest at both row counts can replace it."""
+    from dispatch.kernels.dense_gemv import DENSE_CONFIGS, invariant_dense, linear_small
+
+    g = torch.Generator(device=dev).manual_seed(2)
+    rows = []
+    for name, (N, K) in PROJECTIONS.items():
+        w = (torch.randn(N, K, device=dev, generator=g) / K**0.5).to(dt)
+        for M in INVARIANT_ROWS:
+            x = torch.randn(M, K, device=dev, generator=g).to(dt)
+            ref, nbytes, shape = F.linear(x, w), (N * K + M * K + M * N) * dt.itemsize, f"{name} [{N}, {K}] M={M}"
+            base = ("ours", lambda x=x, w=w: linear_small(x, w)) if M == 1 else \
+                ("cublas", lambda x=x, w=w: F.linear(x, w))
+            rows.append(_row("invariant_projection", shape, *base, ref, nbytes))
+            rows.append(_row("invariant_projection", shape, "invariant",
+                             lambda x=x, w=w: linear_small(x, w, invariant=True), ref, nbytes)
+                        | {"config": str(invariant_dense(N, K, dev, dt.itemsize))})
+            for c in dict.fromkeys(replace(c, block_n=max(16, c.block_n)) for c in DENSE_CONFIGS):  # tl.dot: 16+ rows
+                try:
+                    fn = lambda c=c, x=x, w=w: linear_small(x, w, config=c, invariant=True)  # noqa: E731
+                    r = _row("invariant_projection", shape, "invariant_config", fn, ref, nbytes)
+                except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU: recorded
+                    r = {"kind": "invariant_projection", "shape": shape, "contestant": "invariant_config",
+                         "error": f"{type(e).__name__}: {str(e)[:120]}"}
+                rows.append(r | {"config": str(c)})
+            best = min((r for r in rows if r["shape"] == shape and "median_ms" in r), key=lambda r: r["median_ms"])
+            print(f"{shape:28s} fastest: {best['contestant']} {best['median_ms'] * 1e3:.1f} us "
+                  f"{best.get('config', '')}", flush=True)
+    return rows
+
+
 def attention(dev, dt) -> list[dict]:
     from dispatch.kernels.attention import decode_attention
 
@@ -105,6 +142,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the step-kernels benchmark times CUDA graphs: it needs a CUDA GPU")
     dev, dt = torch.device("cuda"), runtime.compute_dtype()
     with torch.no_grad():
-        rows = projections(dev, dt) + attention(dev, dt)
+        rows = projections(dev, dt) + invariant_projections(dev, dt) + attention(dev, dt)
     print("wrote", bench.save("step_kernels", rows, extra={"dtype": str(dt), "tolerance_rel": TOLERANCE,
                                                            "timing": "CUDA graph replay, L2 flushed between calls"}))
