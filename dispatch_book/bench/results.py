@@ -188,6 +188,10 @@ def save(name: str, rows: list[dict], *, out: str | os.PathLike | None = None, c
 _SAME = ("benchmark", "gpu", "gpu_count", "versions", "ceilings")  # what one merged recording must share
 
 
+class CannotMerge(ValueError):
+    """A run that cannot join the recorded file (another GPU, software or ceilings): record it whole."""
+
+
 def _size(row: dict) -> tuple:
     """What a merge keys rows by: (shape, tokens), and the routing where it is not uniform
     (``dispatch_book.bench.skew``: a skewed file may hold several routings); a suite without shapes
@@ -208,8 +212,8 @@ def merged(new: dict, old: dict) -> dict:
     software, divided by the same ceilings: then every size must be recorded again."""
     for f in _SAME:
         if old.get(f) != new.get(f):
-            raise ValueError(f"cannot merge into the recorded {old.get('benchmark')!r} file: its {f} is "
-                             f"{old.get(f)!r:.120}, this run's {new.get(f)!r:.120}; record every size again")
+            raise CannotMerge(f"cannot merge into the recorded {old.get('benchmark')!r} file: its {f} is "
+                              f"{old.get(f)!r:.120}, this run's {new.get(f)!r:.120}; record every size again")
     done = {_size(r) for r in new["rows"]}
     kept = [r for r in old["rows"] if _size(r) not in done]
     if not kept:

@@ -220,9 +220,7 @@ def record(rows: list[dict], extra: dict) -> None:
     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "errors"}, flush=True)
     try:
         bench.save("serve", rows, extra=extra, merge=True)
-    except ValueError as e:
-        if "cannot merge" not in str(e):
-            raise
+    except results.CannotMerge as e:
         print(f"replacing the recording there: {e}", flush=True)
         bench.save("serve", rows, extra=extra)
 

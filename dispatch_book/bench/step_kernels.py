@@ -44,33 +44,41 @@ def _row(kind: str, shape: str, what: str, fn, ref, nbytes: int) -> dict:
     return row
 
 
+def _cases(dev, dt, Ms, seed: int):
+    """(shape label, x, w, F.linear's result, bytes read and written) per projection and row count."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    for name, (N, K) in PROJECTIONS.items():
+        w = (torch.randn(N, K, device=dev, generator=g) / K**0.5).to(dt)
+        for M in Ms:
+            x = torch.randn(M, K, device=dev, generator=g).to(dt)
+            yield f"{name} [{N}, {K}] M={M}", x, w, F.linear(x, w), (N * K + M * K + M * N) * dt.itemsize
+
+
+def _candidate(kind: str, shape: str, what: str, fn, ref, nbytes: int, config) -> dict:
+    """:func:`_row` of a candidate config; one that does not fit this GPU is a row with its error."""
+    try:
+        r = _row(kind, shape, what, fn, ref, nbytes)
+    except Exception as e:  # noqa: BLE001 - recorded, never a number
+        r = {"kind": kind, "shape": shape, "contestant": what, "error": f"{type(e).__name__}: {str(e)[:120]}"}
+    return r | {"config": str(config)}
+
+
 def projections(dev, dt) -> list[dict]:
     from dispatch.kernels.dense_gemv import DENSE_CONFIGS, heuristic_dense, linear_small
 
-    g = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    for name, (N, K) in PROJECTIONS.items():
-        w = (torch.randn(N, K, device=dev, generator=g) / K**0.5).to(dt)
-        for M in ROWS:
-            x = torch.randn(M, K, device=dev, generator=g).to(dt)
-            ref = F.linear(x, w)
-            nbytes = (N * K + M * K + M * N) * dt.itemsize
-            shape = f"{name} [{N}, {K}] M={M}"
-            rows.append(_row("projection", shape, "cublas", lambda x=x, w=w: F.linear(x, w), ref, nbytes))
-            heur = heuristic_dense(M, N, K, dev, dt.itemsize)
-            rows.append(_row("projection", shape, "ours", lambda x=x, w=w: linear_small(x, w), ref, nbytes) | {
-                "config": str(heur)})
-            for c in DENSE_CONFIGS:
-                try:
-                    fn = lambda c=c, x=x, w=w: linear_small(x, w, config=c)  # noqa: E731
-                    r = _row("projection", shape, "ours_config", fn, ref, nbytes)
-                except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU: recorded
-                    r = {"kind": "projection", "shape": shape, "contestant": "ours_config",
-                         "error": f"{type(e).__name__}: {str(e)[:120]}"}
-                rows.append(r | {"config": str(c)})
-            for r in rows[-len(DENSE_CONFIGS) - 2:]:
-                print(f"{shape:28s} {r['contestant']:12s} {r.get('median_ms', float('nan')) * 1e3:8.1f} us "
-                      f"{r.get('gbps', float('nan')):6.0f} GB/s {r.get('config', '')}", flush=True)
+    for shape, x, w, ref, nbytes in _cases(dev, dt, ROWS, seed=0):
+        M, K = x.shape
+        rows.append(_row("projection", shape, "cublas", lambda x=x, w=w: F.linear(x, w), ref, nbytes))
+        heur = heuristic_dense(M, w.shape[0], K, dev, dt.itemsize)
+        rows.append(_row("projection", shape, "ours", lambda x=x, w=w: linear_small(x, w), ref, nbytes) | {
+            "config": str(heur)})
+        for c in DENSE_CONFIGS:
+            rows.append(_candidate("projection", shape, "ours_config",
+                                   lambda c=c, x=x, w=w: linear_small(x, w, config=c), ref, nbytes, c))
+        for r in rows[-len(DENSE_CONFIGS) - 2:]:
+            print(f"{shape:28s} {r['contestant']:12s} {r.get('median_ms', float('nan')) * 1e3:8.1f} us "
+                  f"{r.get('gbps', float('nan')):6.0f} GB/s {r.get('config', '')}", flush=True)
     return rows
 
 
@@ -81,30 +89,20 @@ def invariant_projections(dev, dt) -> list[dict]:
     invariant as the rule's, so the fastest at both row counts can replace it."""
     from dispatch.kernels.dense_gemv import DENSE_CONFIGS, invariant_dense, linear_small
 
-    g = torch.Generator(device=dev).manual_seed(2)
     rows = []
-    for name, (N, K) in PROJECTIONS.items():
-        w = (torch.randn(N, K, device=dev, generator=g) / K**0.5).to(dt)
-        for M in INVARIANT_ROWS:
-            x = torch.randn(M, K, device=dev, generator=g).to(dt)
-            ref, nbytes, shape = F.linear(x, w), (N * K + M * K + M * N) * dt.itemsize, f"{name} [{N}, {K}] M={M}"
-            base = ("ours", lambda x=x, w=w: linear_small(x, w)) if M == 1 else \
-                ("cublas", lambda x=x, w=w: F.linear(x, w))
-            rows.append(_row("invariant_projection", shape, *base, ref, nbytes))
-            rows.append(_row("invariant_projection", shape, "invariant",
-                             lambda x=x, w=w: linear_small(x, w, invariant=True), ref, nbytes)
-                        | {"config": str(invariant_dense(N, K, dev, dt.itemsize))})
-            for c in dict.fromkeys(replace(c, block_n=max(16, c.block_n)) for c in DENSE_CONFIGS):  # tl.dot: 16+ rows
-                try:
-                    fn = lambda c=c, x=x, w=w: linear_small(x, w, config=c, invariant=True)  # noqa: E731
-                    r = _row("invariant_projection", shape, "invariant_config", fn, ref, nbytes)
-                except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU: recorded
-                    r = {"kind": "invariant_projection", "shape": shape, "contestant": "invariant_config",
-                         "error": f"{type(e).__name__}: {str(e)[:120]}"}
-                rows.append(r | {"config": str(c)})
-            best = min((r for r in rows if r["shape"] == shape and "median_ms" in r), key=lambda r: r["median_ms"])
-            print(f"{shape:28s} fastest: {best['contestant']} {best['median_ms'] * 1e3:.1f} us "
-                  f"{best.get('config', '')}", flush=True)
+    for shape, x, w, ref, nbytes in _cases(dev, dt, INVARIANT_ROWS, seed=2):
+        base = ("ours", lambda x=x, w=w: linear_small(x, w)) if x.shape[0] == 1 else \
+            ("cublas", lambda x=x, w=w: F.linear(x, w))
+        rows.append(_row("invariant_projection", shape, *base, ref, nbytes))
+        rows.append(_row("invariant_projection", shape, "invariant",
+                         lambda x=x, w=w: linear_small(x, w, invariant=True), ref, nbytes)
+                    | {"config": str(invariant_dense(*w.shape, dev, dt.itemsize))})
+        for c in dict.fromkeys(replace(c, block_n=max(16, c.block_n)) for c in DENSE_CONFIGS):  # tl.dot: 16+ rows
+            rows.append(_candidate("invariant_projection", shape, "invariant_config",
+                                   lambda c=c, x=x, w=w: linear_small(x, w, config=c, invariant=True), ref, nbytes, c))
+        best = min((r for r in rows if r["shape"] == shape and "median_ms" in r), key=lambda r: r["median_ms"])
+        print(f"{shape:28s} fastest: {best['contestant']} {best['median_ms'] * 1e3:.1f} us "
+              f"{best.get('config', '')}", flush=True)
     return rows
 
 
