@@ -223,6 +223,11 @@ def test_a_later_layers_race_keeps_the_fresh_rows_of_earlier_layers_and_replaces
     routing = next(s for s in record.PLAN if s.name == "routing_sort")
     assert not record.keeps(routing, _doc("routing_sort", "NVIDIA H200", commit=first), later), \
         "a step that does not merge replaces a recording of another commit"
+    serving = [s for s in record.PLAN if s.files == ("serve",)]
+    assert len(serving) == 2 and {a for s in serving for a in s.argv[s.argv.index("--parts") + 1].split(",")} == \
+        {"step", "offline", "online", "reliability"}, "chapter 8's four parts, in two steps"
+    assert all(record.keeps(s, _doc("serve", "NVIDIA H200", commit=first), later) for s in serving), \
+        "each serving step merges into the other's rows"
     monkeypatch.setattr(evidence, "repo", lambda: None)
     assert record.keeps(race, older, later), "no checkout (a GPU machine's copy): kept; the evidence check decides"
     monkeypatch.setattr(evidence, "repo", lambda: repo)

@@ -37,6 +37,7 @@ class Step:
     argv: tuple        # the suite and its arguments (`python -m dispatch_book.bench ...`)
     guess_s: float     # expected seconds where this GPU has no record of it yet
     writes: tuple = () # the recordings it writes (default: its name)
+    merges: bool = False  # adds its rows to the recording of earlier steps and commits (keeps)
 
     @property
     def files(self) -> tuple:
@@ -51,12 +52,17 @@ PLAN = (
     Step("decode_chain", ("chain",), 60),
     Step("decode", ("decode",), 200),
     # the kernels race one layer a step (merged into one file): a call never has to fit all four
-    *(Step(f"kernels:{s}", ("kernels", "--shapes", s, "--merge"), 200, writes=("kernels",)) for s in _SHAPES),
+    *(Step(f"kernels:{s}", ("kernels", "--shapes", s, "--merge"), 200, writes=("kernels",), merges=True)
+      for s in _SHAPES),
     Step("kernels_sweep", ("kernels_sweep",), 120),
     Step("step_kernels", ("step_kernels",), 80),
     Step("e2e", ("e2e", "--profile", "--budget-s", "150"), 190, writes=("e2e", "e2e_profile")),
     Step("quant", ("quant", "--quick", "--shapes", ",".join(_SHAPES)), 200),
-    Step("serve", ("serve", "--budget-s", "500", "--reliability-n", "2000"), 540),  # chapter 8 (optional)
+    # chapter 8 in two steps, each part's rows merged by part into one file (results.merged)
+    Step("serve:step,offline", ("serve", "--parts", "step,offline", "--budget-s", "440"), 470,
+         writes=("serve",), merges=True),
+    Step("serve:online,reliability", ("serve", "--parts", "online,reliability", "--budget-s", "500",
+                                      "--reliability-n", "2000"), 530, writes=("serve",), merges=True),
     Step("book_gpu", ("book",), 420),  # no chapter reads it: recorded last, not needed for a complete set
 )
 PLAN_FILES = tuple(dict.fromkeys(f for s in PLAN for f in s.files))
@@ -99,15 +105,15 @@ def _changed_since(step: Step, commit: str) -> tuple[str, ...] | None:
 
 def keeps(step: Step, doc: dict, commit: str) -> bool:
     """Whether ``step``, run at ``commit``, adds to the recording ``doc`` rather than replacing it. A step
-    that merges (the kernels race, one layer a step) keeps the runs of other commits while nothing they
-    measured has changed since: a later layer's step must not erase the earlier layers' fresh rows. Where
+    that merges (the kernels race one layer a step, serving two parts a step) keeps the runs of other commits
+    while nothing they measured has changed since: a later step must not erase the earlier steps' fresh rows. Where
     this is no git checkout (a GPU machine gets a copy of the tree) freshness cannot be told here, so the
     runs are kept and the evidence check, on the checkout, names any that turned stale. Any other step's
     recording of another commit is replaced."""
     others = [p["git_commit"] for p in doc.get("parts") or [doc] if p["git_commit"] != commit]
     if not others:
         return True
-    if "--merge" not in step.argv or any(c.endswith("+dirty") for c in others):
+    if not step.merges or any(c.endswith("+dirty") for c in others):
         return False
     return all(_changed_since(step, c) in ((), None) for c in dict.fromkeys(others))
 
