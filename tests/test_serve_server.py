@@ -180,6 +180,41 @@ def test_a_slow_step_is_logged(server, monkeypatch, caplog):
     assert any(": 0 decode rows," in m for m in said) and any(": 1 decode rows, 0 prompt tokens" in m for m in said)
 
 
+def test_a_failed_step_answers_every_request_and_never_hangs(shipped, monkeypatch, caplog):
+    """A step that raises (a device fault): the request in it gets a 500, /health turns 503, and every
+    request after it a 503 at once, including those queued while the step failed; the log says what
+    the failed step held."""
+    st, port, engine = start(shipped)
+    url = f"http://127.0.0.1:{port}"
+    body = json.dumps({"model": "cpu", "prompt": "def main(", "max_tokens": 4, "temperature": 0}).encode()
+    try:
+        assert raw(url, "POST", "/v1/completions", body)[0] == 200
+
+        def fault(sched):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        monkeypatch.setattr(engine.runner, "run", fault)
+        with caplog.at_level("ERROR", logger="dispatch.serve"):
+            status, _, out = raw(url, "POST", "/v1/completions", body, timeout=20)
+        assert status == 500 and json.loads(out)["error"]["type"] == "server_error"
+        assert any("the step held 0 decode rows" in r.exc_text for r in caplog.records if r.exc_text), \
+            "the failed step's rows are logged"
+        assert raw(url, "GET", "/health")[0] == 503
+        t0 = time.perf_counter()
+        for _ in range(3):
+            status, _, out = raw(url, "POST", "/v1/completions", body, timeout=10)
+            assert status == 503 and json.loads(out)["error"]["code"] == "engine_failed"
+        fut = []  # an add that reaches the engine's queue after the failure is refused too
+        engine_loop = st.server.loop_
+        engine_loop.loop.call_soon_threadsafe(lambda: fut.append(asyncio.ensure_future(
+            engine_loop.add([1, 2, 3], RequestParams(max_tokens=2)))))
+        assert wait_until(lambda: fut and fut[0].done(), timeout=10), "a queued add is answered, not left waiting"
+        assert isinstance(fut[0].exception(), RuntimeError) and "failed earlier" in str(fut[0].exception())
+        assert time.perf_counter() - t0 < 10
+    finally:
+        st.stop()
+
+
 def test_full_queue_answers_429_with_retry_after(shipped):
     st, port, engine = start(shipped, max_seqs=1, max_waiting=1)
     url = f"http://127.0.0.1:{port}"

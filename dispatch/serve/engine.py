@@ -195,7 +195,13 @@ class LLMEngine:
         if not sched:
             return []
         kv = sum(len(s.tokens) for s in sched.decode)
-        logits, seqs = self.runner.run(sched)
+        try:
+            logits, seqs = self.runner.run(sched)
+        except Exception as e:  # what the failed step held, for the log
+            e.add_note(f"the step held {len(sched.decode)} decode rows (positions "
+                       f"{[s.computed for s in sched.decode][:16]}) and chunks (tokens, first position) "
+                       f"{[(n, s.computed) for s, n in sched.chunks][:16]}")
+            raise
         ready = self.scheduler.after_step(sched)
         assert [s.id for s in ready] == [s.id for s in seqs], "the runner's rows and the scheduler's disagree"
         picks = self._sample(logits, seqs)

@@ -4,7 +4,8 @@ Handlers on the event loop never touch the engine: they put commands (add, abort
 the engine's thread drains before every step, and each request's outputs come back on its own
 asyncio queue (``loop.call_soon_threadsafe``). So a step never races an abort: an abort takes
 effect, and the request's blocks return, before the next step. An exception in a step is handed to
-every waiting request (they answer 500) and stops the thread; ``/health`` then says so.
+every waiting request (they answer 500) and stops the model: ``/health`` then says so, and every
+request that comes after is answered at once with the same error, never left waiting.
 """
 from __future__ import annotations
 
@@ -80,6 +81,17 @@ class EngineLoop:
                 self.sinks.pop(cmd[1], None)
                 self.engine.abort(cmd[1])
 
+    def _refuse(self, error: Exception) -> None:
+        """After a failed step: answer every command queued or still to come with ``error`` (the model's
+        device state cannot be trusted after a fault), until the server closes."""
+        while not self.closed:
+            try:
+                cmd = self.cmds.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if cmd[0] == "add":
+                self._answer(cmd[4], exc=RuntimeError(f"the engine failed earlier: {error}"))
+
     def _run(self) -> None:
         while not self.closed:
             self._drain()
@@ -96,6 +108,7 @@ class EngineLoop:
                 for sink in self.sinks.values():
                     self.loop.call_soon_threadsafe(sink.put_nowait, (e, time.perf_counter()))
                 self.sinks.clear()
+                self._refuse(e)
                 return
             now = time.perf_counter()
             last = self.engine.step_log[-1] if self.engine.steps > before else None

@@ -48,7 +48,11 @@ class ModelRunner:
             self.known[r] = 0
         blocks, k = seq.table.blocks, self.known[r]
         if len(blocks) > k:
-            self.table[r, k:len(blocks)] = blocks[k:]
+            new = np.asarray(blocks[k:], dtype=np.int64)
+            if len(blocks) > self.M or new.min() < 0 or new.max() >= self.num_blocks:
+                raise RuntimeError(f"sequence {seq.id}: blocks {blocks[k:]} at columns {k}.. of a table of "
+                                   f"{self.M}; the pool has {self.num_blocks} blocks")
+            self.table[r, k:len(blocks)] = new
             self.known[r] = len(blocks)
         return r
 
@@ -84,6 +88,11 @@ class ModelRunner:
                 wanted.append(len(ids) - 1)
                 out.append(seq)
         pos_np, rows_np = np.asarray(pos, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+        owned = np.asarray(self.known, dtype=np.int64)[rows_np] * self.block_size
+        if (pos_np >= owned).any():  # a slot in a block the sequence does not hold: refused, never written
+            t = int(np.argmax(pos_np >= owned))
+            raise RuntimeError(f"token {t} of the step is at position {pos_np[t]}, past the {owned[t]} positions "
+                               "its sequence's blocks hold")
         slots = self._slots(rows_np, pos_np)
         dev = self.dev
 

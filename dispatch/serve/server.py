@@ -126,6 +126,9 @@ class Server:
     async def completions(self, request):
         if self.draining:
             raise api.APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if self.loop_.error is not None:
+            raise api.APIError(503, f"the engine failed: {self.loop_.error}", type="server_error",
+                               code="engine_failed")
         arrival = time.perf_counter()
         parsed = api.parse_completion(await request.read(), model=self.model_name, encode=self._encode,
                                       vocab_size=self.engine.lean.embed.shape[0], context=self.engine.max_model_len)
