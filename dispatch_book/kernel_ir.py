@@ -305,6 +305,8 @@ def _decode_step_kernels() -> list[tuple[str, object, dict]]:
         ("router_topk", fused_moe._router_topk_kernel, dict(K=8, RENORM=False, BLOCK_E=64, BLOCK_H=128,
                                                             BLOCK_K=8)),
         ("down_combine", fused_moe._down_combine_kernel, dict(K=8, BLOCK_HO=8, BLOCK_I=256)),
+        ("router logits (split)", fused_moe._router_logits_kernel, dict(BLOCK_E=4, BLOCK_H=2048)),
+        ("rank (split router)", fused_moe._rank_kernel, dict(K=8, RENORM=False, BLOCK_E=64, BLOCK_K=8)),
         # batches above the decode crossover: the sort, then chapter 2's grouped GEMM
         ("sort histogram", sort._block_histogram_kernel, dict(K=8, BLOCK_N=64, BLOCK_E=64, CHUNK=32)),
         ("sort scan", sort._scan_blocks_kernel, dict(BLOCK_B=64, BLOCK_E2=32)),

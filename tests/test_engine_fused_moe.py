@@ -16,24 +16,38 @@ def close(a, b):
     return (a - b).abs().max().item() <= TOL * max(b.abs().max().item(), 1e-30)
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("T,H,E,K,renorm", [(1, 64, 8, 2, False), (3, 96, 16, 4, True), (1, 200, 64, 8, False),
-                                            (0, 64, 8, 2, True)])
-def test_router_topk(T, H, E, K, renorm):
+                                            (0, 64, 8, 2, True), (2, 64, 6, 6, False)])
+def test_router_topk(T, H, E, K, renorm, split):
     g = torch.Generator().manual_seed(T * 7 + E)
     cfg = MoEConfig(H, 32, E, K, norm_topk_prob=renorm)
     x, w = torch.randn(T, H, generator=g), torch.randn(E, H, generator=g) / H**0.5
-    wts, ids = router_topk(x, w, cfg)
+    wts, ids = router_topk(x, w, cfg, split=split)
     wts2, ids2 = router_topk_torch(x, w, cfg)
     assert torch.equal(ids, ids2) and (T == 0 or close(wts, wts2))
 
 
-def test_router_topk_ties_and_bad_input():
+def test_split_router_rows_are_the_same_bits_alone_and_together():
+    """The batch-invariant router: a token's weights and ids are the same bits in a step of 1 row or
+    of 37 (fp16 x, the order of each logit's sum fixed by (E, H))."""
+    g = torch.Generator().manual_seed(5)
+    cfg = MoEConfig(96, 32, 24, 4, norm_topk_prob=True)
+    x, w = torch.randn(37, 96, generator=g).half(), (torch.randn(24, 96, generator=g) / 10).half()
+    wts, ids = router_topk(x, w, cfg, split=True)
+    for t in (0, 17, 36):
+        one_w, one_i = router_topk(x[t:t + 1], w, cfg, split=True)
+        assert torch.equal(one_w[0], wts[t]) and torch.equal(one_i[0], ids[t]), t
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_router_topk_ties_and_bad_input(split):
     cfg = MoEConfig(16, 8, 4, 2)
     w = torch.zeros(4, 16)  # every logit 0: a four-way tie, the lowest ids win
-    assert router_topk(torch.ones(1, 16), w, cfg)[1].tolist() == [[0, 1]]
+    assert router_topk(torch.ones(1, 16), w, cfg, split=split)[1].tolist() == [[0, 1]]
     x = torch.randn(2, 16)
     x[1, 3] = float("nan")  # a non-finite token: K valid, distinct ids, NaN weights; the other row intact
-    wts, ids = router_topk(x, torch.randn(4, 16), cfg)
+    wts, ids = router_topk(x, torch.randn(4, 16), cfg, split=split)
     assert ids[1].unique().numel() == 2 and bool(((ids >= 0) & (ids < 4)).all())
     assert wts[1].isnan().all() and wts[0].isfinite().all()
     with pytest.raises(ValueError, match="router"):

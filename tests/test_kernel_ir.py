@@ -76,7 +76,7 @@ def test_decode_step_kernels_compile_with_pdl_for_sm90():
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(rows) == 17
+    assert len(rows) == 19
     for r in rows:
         assert r["wait"] == 1 and r["launch_dependents"] == 1, r
 

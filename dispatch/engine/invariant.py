@@ -11,17 +11,17 @@ attention that splits the keys over more programs when fewer rows are in flight,
 of a size that follows T. In this mode every op of a decode or verify step reduces each row in an
 order fixed by the model's shapes (and the device), never by the number of rows:
 
-    op                                    kernel                              what is fixed
-    RMSNorm + residual, q/k norm + RoPE   ``add_rms``, ``qk_rope``            one program per row (as is)
-    QKV, O, lm_head, dense MLPs,          ``linear_small(invariant=True)``    tl.dot on 16-row tiles for
-      the gated shared expert                                                 every M, one config from (N, K)
-    attention                             ``decode_attention``                key chunks from the cache
-                                          (``splits=attention_splits(...)``)   length S and KV, not from B
-    router + top-K                        ``fused_moe.router_topk``           one program per token,
-                                                                              tiles from (E, H)
-    routed experts + k-order combine      ``moe_decode(config=decode_tiles)``  the decode path at every T,
-                                                                              16 rows per tl.dot, no split
-    next token                            ``argmax``                          exact (no rounding)
+    op                                    kernel                                what is fixed
+    RMSNorm + residual, q/k norm + RoPE   ``add_rms``, ``qk_rope``              one program per row (as is)
+    QKV, O, lm_head, dense MLPs,          ``linear_small(invariant=True)``      tl.dot on 16-row tiles for
+      the gated shared expert                                                   every M, one config from (N, K)
+    attention                             ``decode_attention``                  key chunks from the cache
+                                          (``splits=attention_splits(...)``)     length S and KV, not from B
+    router + top-K                        ``router_topk(split=True)``           a program per token and
+                                                                                E tile, then one per token
+    routed experts + k-order combine      ``moe_decode(config=decode_tiles)``   the decode path at every T,
+                                                                                16 rows per tl.dot, no split
+    next token                            ``argmax``                            exact (no rounding)
 
 Elementwise ops are invariant on a GPU, but not all of them on a CPU: torch's vectorised SiLU and
 sigmoid compute an element in the vector body or in the scalar tail depending on where it sits in
@@ -98,7 +98,7 @@ def decode_tiles(cfg: MoEConfig, dtype: torch.dtype, device, T: int = 1) -> Deco
 
 
 def moe_layer(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor:
-    """One MoE layer, row-invariant: router + top-K (one program per token), the routed experts on
+    """One MoE layer, row-invariant: router + top-K (per token and E tile, then per token), the routed experts on
     the decode kernels with :func:`decode_tiles`, the shared expert (if any) through :func:`linear`."""
     from dispatch.kernels.fused_moe import router_topk
     from dispatch.kernels.gemv import moe_decode
@@ -106,7 +106,7 @@ def moe_layer(x_TH: torch.Tensor, cfg: MoEConfig, w: MoEWeights) -> torch.Tensor
     if "fused_router" not in families.get(cfg.scoring).fast_paths or w.bias_E is not None:
         raise ValueError("batch-invariant mode routes the families with the 'fused_router' fast path "
                          f"(dispatch.families: softmax); {cfg.family} scores with {cfg.scoring!r}")
-    weights_TK, ids_TK = router_topk(x_TH, w.router_EH, cfg)
+    weights_TK, ids_TK = router_topk(x_TH, w.router_EH, cfg, split=True)
     y_TH = moe_decode(x_TH, weights_TK, ids_TK, w.gate_up_E2IH, w.down_EHI,
                       config=decode_tiles(cfg, x_TH.dtype, x_TH.device, x_TH.shape[0]), activation=cfg.activation)
     if not cfg.shared_intermediate_size:

@@ -53,6 +53,13 @@ def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scalin
                     other=0.0).to(tl.float32)
         acc += tl.sum(w * x[None, :], axis=1)
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # what a GEMM in x's dtype returns
+    _rank(logits, mask_e, offs_e, wts_ptr + t * K, ids_ptr + t * K, scaling, K, RENORM, BLOCK_E, BLOCK_K)
+
+
+@triton.jit
+def _rank(logits, mask_e, offs_e, wts_ptr, ids_ptr, scaling, K: tl.constexpr, RENORM: tl.constexpr,
+          BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One token's softmax over its E logits [BLOCK_E] (fp32), top-K stored at wts_ptr / ids_ptr."""
     logits = tl.where(mask_e, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, 0))
     p = p / tl.sum(p, 0)
@@ -62,12 +69,48 @@ def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scalin
     w_K, id_K = tl.sum(w_1K, axis=0), tl.sum(id_1K, axis=0)  # the one row, [BLOCK_K]
     if RENORM:
         w_K = w_K / tl.sum(tl.where(offs_k < K, w_K, 0.0), 0)
-    tl.store(wts_ptr + t * K + offs_k, w_K * scaling, mask=offs_k < K)
-    tl.store(ids_ptr + t * K + offs_k, id_K, mask=offs_k < K)
+    tl.store(wts_ptr + offs_k, w_K * scaling, mask=offs_k < K)
+    tl.store(ids_ptr + offs_k, id_K, mask=offs_k < K)
 
 
-def router_topk(x_TH: torch.Tensor, router_EH: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router GEMV + softmax top-K in one launch → (weights_TK fp32, ids_TK int32)."""
+@triton.jit
+def _router_logits_kernel(x_ptr, w_ptr, logits_ptr, E, H, s_xt, s_we,
+                          BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    """Program (t, j): token t's logits of experts j·BLOCK_E.., each summed over H in BLOCK_H chunks (fp32),
+    rounded to x's dtype as a GEMM's output is."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    mask_e = offs_e < E
+    acc = tl.zeros([BLOCK_E], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        mask_h = offs_h < H
+        x = tl.load(x_ptr + t * s_xt + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs_e[:, None] * s_we + offs_h[None, :], mask=mask_e[:, None] & mask_h[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w * x[None, :], axis=1)
+    tl.store(logits_ptr + t * E + offs_e, acc.to(x_ptr.dtype.element_ty).to(tl.float32), mask=mask_e)
+
+
+@triton.jit
+def _rank_kernel(logits_ptr, wts_ptr, ids_ptr, E, scaling, K: tl.constexpr, RENORM: tl.constexpr,
+                 BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """Program t: token t's softmax top-K from its E logits."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_e = offs_e < E
+    logits = tl.load(logits_ptr + t * E + offs_e, mask=mask_e, other=0.0)
+    _rank(logits, mask_e, offs_e, wts_ptr + t * K, ids_ptr + t * K, scaling, K, RENORM, BLOCK_E, BLOCK_K)
+
+
+def router_topk(x_TH: torch.Tensor, router_EH: torch.Tensor, cfg: MoEConfig, *,
+                split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router GEMV + softmax top-K in one launch → (weights_TK fp32, ids_TK int32). ``split``: in two
+    launches, the logits over programs (token, E tile) and then one program per token ranking them, each
+    row's sums in the same order whatever T: one program per token streams the whole router (256 KB on
+    OLMoE) from one SM, tens of µs at one token; split, E / 4 programs share it."""
     if "fused_router" not in families.get(cfg.scoring).fast_paths:
         raise ValueError(f"router_topk computes softmax routing (the families with the 'fused_router' fast path); "
                          f"{cfg.family} scores with {cfg.scoring!r}")
@@ -79,7 +122,17 @@ def router_topk(x_TH: torch.Tensor, router_EH: torch.Tensor, cfg: MoEConfig) -> 
     K = cfg.top_k
     weights_TK = torch.empty(T, K, dtype=torch.float32, device=x_TH.device)
     ids_TK = torch.empty(T, K, dtype=torch.int32, device=x_TH.device)
-    if T:
+    if T and split:
+        E = cfg.num_experts
+        logits_TE = torch.empty(T, E, dtype=torch.float32, device=x_TH.device)
+        BLOCK_E = 4
+        _router_logits_kernel[(T, triton.cdiv(E, BLOCK_E))](
+            x_TH, router_EH, logits_TE, E, H, x_TH.stride(0), router_EH.stride(0), BLOCK_E=BLOCK_E,
+            BLOCK_H=min(triton.next_power_of_2(H), 2048), num_warps=4, **pdl.launch_kw(x_TH.device))
+        _rank_kernel[(T,)](logits_TE, weights_TK, ids_TK, E, float(cfg.routed_scaling_factor), K=K,
+                           RENORM=cfg.norm_topk_prob, BLOCK_E=triton.next_power_of_2(E),
+                           BLOCK_K=triton.next_power_of_2(K), num_warps=4, **pdl.launch_kw(x_TH.device))
+    elif T:
         BLOCK_E = triton.next_power_of_2(cfg.num_experts)
         BLOCK_H = max(16, min(triton.next_power_of_2(H), 8192 // BLOCK_E))
         _router_topk_kernel[(T,)](x_TH, router_EH, weights_TK, ids_TK, cfg.num_experts, H, x_TH.stride(0),
