@@ -135,7 +135,8 @@ def _rel(p: pathlib.Path, root: pathlib.Path | None) -> str:
 
 def relative_paths(out_path: pathlib.Path, nb_path: pathlib.Path, root: pathlib.Path | None = None) -> None:
     """papermill records absolute input/output paths: record the notebook's own name for both, so
-    an executed copy is the committed notebook byte for byte when its outputs are the same."""
+    an executed copy is the committed notebook byte for byte when its outputs are the same (each
+    cell's stream pieces joined: :func:`coalesce_streams`)."""
     import nbformat
 
     nb = nbformat.read(out_path, as_version=4)
@@ -143,5 +144,22 @@ def relative_paths(out_path: pathlib.Path, nb_path: pathlib.Path, root: pathlib.
     for key in ("input_path", "output_path"):
         if pm.get(key):
             pm[key] = pathlib.Path(nb_path).name
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = coalesce_streams(cell.outputs)
     with files.replacing(out_path) as tmp:
         nbformat.write(nb, tmp)
+
+
+def coalesce_streams(outputs: list) -> list:
+    """A cell's consecutive outputs on the same stream as one: how a print arrives in pieces depends on
+    when the kernel flushed (a busy machine splits it more), so the committed outputs, and the page,
+    do not."""
+    out = []
+    for o in outputs:
+        if out and o.get("output_type") == "stream" and out[-1].get("output_type") == "stream" \
+                and out[-1].get("name") == o.get("name"):
+            out[-1]["text"] = "".join(out[-1]["text"]) + "".join(o["text"])
+        else:
+            out.append(o)
+    return out

@@ -270,3 +270,16 @@ def test_the_readme_snippet_runs_here():
     y, layer, x = scope["y"], scope["layer"], scope["x"]
     assert y.shape == x.shape and torch.isfinite(y).all()
     torch.testing.assert_close(layer(x), y)
+
+
+def test_stream_pieces_are_joined_and_nothing_else_is():
+    """A print that arrived in pieces is one output; another stream, or a result between, stays apart."""
+    def out(name, text):
+        return {"output_type": "stream", "name": name, "text": text}
+
+    o = [out("stdout", "a"), out("stdout", ["b\n", "c"]), out("stderr", "w"), out("stdout", "d"),
+         {"output_type": "execute_result", "data": {}}, out("stdout", "e")]
+    got = execute.coalesce_streams(o)
+    assert [(g["output_type"], g.get("name"), "".join(g.get("text", ""))) for g in got] == [
+        ("stream", "stdout", "ab\nc"), ("stream", "stderr", "w"), ("stream", "stdout", "d"),
+        ("execute_result", None, ""), ("stream", "stdout", "e")]

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 
 from dispatch_book.bench import serve_load
 from dispatch_book.bench.serve_peers import as_text, cb_blocks
@@ -100,17 +101,17 @@ def requests_for(kind: str, reqs: list) -> list:
 
 
 def sweep(kind: str, url: str, name: str, reqs: list, rates: list[float], *, slo_ttft_s: float, slo_tpot_s: float,
-          seed: int = 0, deadline: float = math.inf) -> list[dict]:
-    """One row per rate (Poisson arrivals), in order; a rate that would pass ``deadline`` is skipped."""
-    rows, body, eos = [], requests_for(kind, reqs), kind == "ours"  # transformers' API takes no ignore_eos:
+          seed: int = 0, deadline: float = math.inf) -> Iterator[dict]:
+    """One row per rate (Poisson arrivals), in order, each as soon as it is measured (a later rate that
+    fails or is cut off loses only itself); a rate that would pass ``deadline`` is skipped."""
+    body, eos = requests_for(kind, reqs), kind == "ours"  # transformers' API takes no ignore_eos:
     asyncio.run(serve_load.run_load(url, name, body[:4], math.inf, seed=seed, ignore_eos=eos))  # warm-up
     for rate in rates:  # (the saved model has no end-of-sequence token, so both run to max_tokens)
         if time.perf_counter() > deadline:
-            rows.append({"rate": rate, "skipped": "time budget spent"})
+            yield {"rate": rate, "skipped": "time budget spent"}
             continue
         recs, wall = asyncio.run(serve_load.run_load(url, name, body, rate, seed=seed, ignore_eos=eos))
-        rows.append({"rate": rate, **serve_load.summary(recs, wall, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)})
-    return rows
+        yield {"rate": rate, **serve_load.summary(recs, wall, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)}
 
 
 def max_rate_within(rows: list[dict], tpot_p99_ms: float) -> float | None:
