@@ -48,6 +48,19 @@ def test_linear_config_depends_on_the_weight_only():
         linear_small(torch.zeros(17, 8), torch.zeros(4, 8))
 
 
+def test_gpu_invariant_tiles_keep_programs_at_one_row_tile(monkeypatch):
+    """On a 132-SM GPU (H100, H200) the rule picks, for OLMoE's weights, the configs the step_kernels
+    bench measured fastest at 1 and 64 rows together: QKV 64-row tiles, O 16, the output layer 128."""
+    from dispatch import runtime
+
+    monkeypatch.setattr(runtime, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(runtime, "max_shared_bytes", lambda dev: 232448)
+    picks = {name: invariant_dense(N, 2048, "cuda") for name, N in (("qkv", 6144), ("o", 2048), ("lm_head", 50304))}
+    assert {k: (c.block_n, c.block_k) for k, c in picks.items()} == {"qkv": (64, 128), "o": (16, 512),
+                                                                     "lm_head": (128, 64)}
+    assert all(c.rows(2) >= 16 for c in picks.values())
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_attention_queries_per_row(splits):
     """Q queries per cache row: the twin's values, and each query's bits as when it runs alone."""

@@ -137,6 +137,12 @@ def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseG
     lo, n = (4, 4) if M <= 1 else (16, 128)
     while n > lo and triton.cdiv(N, n) < DENSE_PROGRAMS_PER_SM * sms:
         n //= 2
+    return _dense_tiles(n, K, M, dev, itemsize)
+
+
+def _dense_tiles(n: int, K: int, M: int, dev: torch.device, itemsize: int) -> DenseGemvConfig:
+    """Row tile ``n``, W tiles of 8K elements, 3 stages where K takes several steps (fewer where
+    shared memory runs out)."""
     k = max(16, min(8192 // n, triton.next_power_of_2(max(K, 1))))
     stages = 1 if K <= k else 3
     limit = runtime.max_shared_bytes(dev) - HEADROOM if dev.type == "cuda" else 1 << 30
@@ -147,9 +153,18 @@ def heuristic_dense(M: int, N: int, K: int, device, itemsize: int = 2) -> DenseG
 
 
 def invariant_dense(N: int, K: int, device, itemsize: int = 2) -> DenseGemvConfig:
-    """The one config of batch-invariant mode for a [N, K] weight, whatever the rows: on a GPU
-    :func:`heuristic_dense`'s tl.dot choice (its M = 2..16 pick); under the interpreter wide tiles
-    and the whole K in one step (few programs: the interpreter pays per program and per op)."""
-    if torch.device(device).type == "cuda":
-        return heuristic_dense(2, N, K, device, itemsize)
+    """The one config of batch-invariant mode for a [N, K] weight, whatever the rows: on a GPU the
+    widest row tile (16..128) that still gives one program per two SMs at one 16-row tile (a step of
+    2..64 rows has up to 4 of them: more programs, each reusing its W tile from L2 across them), W
+    tiles of 8K elements. On OLMoE's shapes on an H100 this is the fastest config at 1 and 64 rows
+    together among ``DENSE_CONFIGS`` (the ``invariant_projection`` rows of ``python -m
+    dispatch_book.bench step_kernels``): the QKV weight takes 64-row tiles, where a row tile of 16
+    (enough programs at one row) is 2x slower at 64 rows. Under the interpreter wide tiles and the
+    whole K in one step (few programs: the interpreter pays per program and per op)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        n = 128
+        while n > 16 and 2 * triton.cdiv(N, n) < runtime.num_sms(dev):
+            n //= 2
+        return _dense_tiles(n, K, 16, dev, itemsize)
     return DenseGemvConfig(block_n=64, block_k=max(16, min(1024, triton.next_power_of_2(max(K, 1)))), num_stages=1)
