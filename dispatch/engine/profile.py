@@ -3,7 +3,9 @@
 ``step_profile(fn, steps)`` runs ``fn`` (one decode step: eager, or a graph replay) under
 ``torch.profiler`` and sums the GPU time of its kernels into :data:`KINDS` by kernel name;
 "launch gaps" is the wall time per step minus all kernel time (the GPU idle while the host
-launches). Names are matched in order, first hit wins (lower case).
+launches). Names are matched in order, first hit wins (lower case). Under programmatic dependent
+launch (:mod:`dispatch.kernels.pdl`) a kernel starts while the one ahead drains and waits for it,
+and that wait counts as its own time: profile a step captured without PDL to split its time by kind.
 """
 from __future__ import annotations
 
