@@ -44,16 +44,23 @@ def _router_topk_kernel(x_ptr, w_ptr, wts_ptr, ids_ptr, E, H, s_xt, s_we, scalin
     t = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     mask_e = offs_e < E
+    logits = _logits(x_ptr + t * s_xt, w_ptr, offs_e, mask_e, H, s_we, BLOCK_E, BLOCK_H)
+    _rank(logits, mask_e, offs_e, wts_ptr + t * K, ids_ptr + t * K, scaling, K, RENORM, BLOCK_E, BLOCK_K)
+
+
+@triton.jit
+def _logits(x_row, w_ptr, offs_e, mask_e, H, s_we, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One token's logits of experts ``offs_e`` [BLOCK_E]: fp32 sums over H in BLOCK_H chunks, rounded to
+    x's dtype as a GEMM's output is (then fp32)."""
     acc = tl.zeros([BLOCK_E], dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         mask_h = offs_h < H
-        x = tl.load(x_ptr + t * s_xt + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+        x = tl.load(x_row + offs_h, mask=mask_h, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + offs_e[:, None] * s_we + offs_h[None, :], mask=mask_e[:, None] & mask_h[None, :],
                     other=0.0).to(tl.float32)
         acc += tl.sum(w * x[None, :], axis=1)
-    logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # what a GEMM in x's dtype returns
-    _rank(logits, mask_e, offs_e, wts_ptr + t * K, ids_ptr + t * K, scaling, K, RENORM, BLOCK_E, BLOCK_K)
+    return acc.to(x_row.dtype.element_ty).to(tl.float32)
 
 
 @triton.jit
@@ -76,21 +83,13 @@ def _rank(logits, mask_e, offs_e, wts_ptr, ids_ptr, scaling, K: tl.constexpr, RE
 @triton.jit
 def _router_logits_kernel(x_ptr, w_ptr, logits_ptr, E, H, s_xt, s_we,
                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
-    """Program (t, j): token t's logits of experts j·BLOCK_E.., each summed over H in BLOCK_H chunks (fp32),
-    rounded to x's dtype as a GEMM's output is."""
+    """Program (t, j): token t's logits of experts j·BLOCK_E.. into logits_ptr [T, E] (fp32)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     mask_e = offs_e < E
-    acc = tl.zeros([BLOCK_E], dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        mask_h = offs_h < H
-        x = tl.load(x_ptr + t * s_xt + offs_h, mask=mask_h, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + offs_e[:, None] * s_we + offs_h[None, :], mask=mask_e[:, None] & mask_h[None, :],
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(w * x[None, :], axis=1)
-    tl.store(logits_ptr + t * E + offs_e, acc.to(x_ptr.dtype.element_ty).to(tl.float32), mask=mask_e)
+    tl.store(logits_ptr + t * E + offs_e, _logits(x_ptr + t * s_xt, w_ptr, offs_e, mask_e, H, s_we, BLOCK_E, BLOCK_H),
+             mask=mask_e)
 
 
 @triton.jit
