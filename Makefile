@@ -20,7 +20,7 @@ ARGS ?=
 # (MPLBACKEND=Agg) would drop them and fail nbval.
 unexport MPLBACKEND
 
-.PHONY: book vendor check-html book-gpu test test-perturbed test-gpu lint bench clean env gpu-wheels release record-gpu evidence
+.PHONY: book vendor check-html book-gpu test test-perturbed test-bounds test-gpu lint bench clean env gpu-wheels release record-gpu evidence
 
 env: $(STAMP)
 
@@ -96,6 +96,12 @@ book-gpu: $(STAMP)
 # The Jupyter wheels a GPU machine without network needs for book-gpu (see the script).
 gpu-wheels:
 	bash dispatch_book/gpu_wheels.sh .whl
+
+# On a CPU: the kernel and serving tests with every interpreted load and store checked against the
+# launch's tensors (dispatch_book/bounds.py: what would be an illegal memory access on a GPU).
+test-bounds: $(STAMP)
+	DISPATCH_BOUNDS=1 CUDA_VISIBLE_DEVICES= $(PY) -m pytest -q -n 2 --dist loadfile tests/test_serve_attention.py \
+		tests/test_serve_engine.py tests/test_engine_fused_moe.py tests/test_invariant.py tests/test_gemv.py $(ARGS)
 
 # On a CUDA machine: the compiled kernels against the reference.
 test-gpu: $(STAMP)

@@ -38,6 +38,10 @@ if _WORKERS > 1:
 
 
 def pytest_configure(config):
+    if os.environ.get("DISPATCH_BOUNDS") == "1":  # make test-bounds: every interpreted access checked
+        from dispatch_book import bounds
+
+        bounds.enable()
     # xdist's --dist loadfile would deal files out by their number of tests; keep the order below.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
