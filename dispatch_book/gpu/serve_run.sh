@@ -13,8 +13,12 @@
 #   DISPATCH_GIT_COMMIT=<sha> PARTS=online CONTESTANTS=ours,hf_serve TOTAL=300 dispatch_book/gpu/serve_run.sh "$OUT"
 # Carry .whl (`make gpu-wheels`: aiohttp, and fastapi/uvicorn/... for `transformers serve`) when the image
 # lacks them. Writes $OUT/tests.log, $OUT/bench.log, $OUT/serve-<kind>.log, $OUT/results/<gpu>/serve.json.
+# DEBUG=1: every launch synchronous in the servers (CUDA_LAUNCH_BLOCKING): a kernel's illegal memory access
+# is reported at that kernel, not at the next host sync (a server logs a failed step with its rows); its
+# timings are not recordable then.
 set -u
 TOTAL_DEFAULT=560
+[ "${DEBUG:-0}" = 1 ] && export CUDA_LAUNCH_BLOCKING=1
 . "$(dirname "$0")/prelude.sh" "$@"
 if [ -d .whl ]; then  # the serving stack, beside the image's own packages
     python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site .whl/*.whl > "$OUT/wheels.log" 2>&1
