@@ -15,10 +15,11 @@
 # lacks them. Writes $OUT/tests.log, $OUT/bench.log, $OUT/serve-<kind>.log, $OUT/results/<gpu>/serve.json.
 # DEBUG=1: every launch synchronous in the servers (CUDA_LAUNCH_BLOCKING): a kernel's illegal memory access
 # is reported at that kernel, not at the next host sync (a server logs a failed step with its rows); its
-# timings are not recordable then.
+# timings are not a recording then, so they go to $OUT/debug/ instead of $OUT/results/.
 set -u
 TOTAL_DEFAULT=560
-[ "${DEBUG:-0}" = 1 ] && export CUDA_LAUNCH_BLOCKING=1
+RES=results
+[ "${DEBUG:-0}" = 1 ] && export CUDA_LAUNCH_BLOCKING=1 && RES=debug
 . "$(dirname "$0")/prelude.sh" "$@"
 if [ -d .whl ]; then  # the serving stack, beside the image's own packages
     python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site .whl/*.whl > "$OUT/wheels.log" 2>&1
@@ -32,7 +33,7 @@ fi
 PARTS=${PARTS:-step,offline,online,reliability}
 # the issue-sized reliability run (10,000 requests) in a call of its own; beside the races, 2,000
 [ "$PARTS" = reliability ] && N_DEFAULT=10000 || N_DEFAULT=2000
-timeout "$(left)" python3 -m dispatch_book.bench serve --out "$OUT/results" --budget-s $(( $(left) - 20 )) \
+timeout "$(left)" python3 -m dispatch_book.bench serve --out "$OUT/$RES" --budget-s $(( $(left) - 20 )) \
     --parts "$PARTS" ${CONTESTANTS:+--contestants "$CONTESTANTS"} --reliability-n "${RELIABILITY_N:-$N_DEFAULT}" 2>&1 \
     | tee "$OUT/bench.log" | cut -c1-400 | tail -40
 cp "${TMPDIR:-/tmp}"/serve-*.log "$OUT/" 2>/dev/null || true  # the servers' own logs (a stall or a crash says why there)
