@@ -258,3 +258,46 @@ def test_triton_kernels_under_the_interpreter_equal_the_twins():
         prompts, RequestParams(max_tokens=6))
     for o, r in zip(outs, ref, strict=True):
         assert same_greedy(o.tokens, r.tokens, r.margins)
+
+
+def staggered(eng, prompts, params, every: int = 2) -> list[list[int]]:
+    """Request i added at step every·i (as a server's arrivals come), run to the end; tokens per request."""
+    ids, outs, step = [], {}, 0
+    while len(ids) < len(prompts) or eng.has_work():
+        while len(ids) < len(prompts) and step >= every * len(ids):
+            ids.append(eng.add_request(prompts[len(ids)], params))
+        for o in eng.step():
+            if o.finished:
+                outs[o.id] = o.tokens
+        step += 1
+    return [outs[i] for i in ids]
+
+
+def test_cached_prompt_tails_with_decode_rows_stay_inside_their_tensors():
+    """The steps a server sees once its prompts repeat: each prompt's cached blocks taken, its short tail
+    computed as a chunk beside other rows' decode steps, in a pool small enough to preempt — through the
+    Triton kernels under the interpreter with every load and store bounds-checked (dispatch_book.bounds),
+    the same tokens as the first time and as the twins."""
+    from dispatch_book import bounds
+
+    _, model = tiny_model("olmoe")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (9, 17, 6, 13)]
+    cfg = dict(max_seqs=4, max_step_tokens=12, block_size=4, num_blocks=10, max_model_len=32)
+    params = RequestParams(max_tokens=12, ignore_eos=True)
+    ref = LLMEngine(model, EngineConfig(**cfg), eos_token_ids=(), record_margins=True).generate(prompts, params)
+    fused = LeanModel.from_hf(model, fused=True, decode_kernels=False)
+    eng = LLMEngine(fused, EngineConfig(**cfg, kernels=True), eos_token_ids=())
+    preempted = []
+    orig = eng.scheduler._preempt
+    eng.scheduler._preempt = lambda seq: (preempted.append(seq.id), orig(seq))
+    with bounds.checking():
+        first = staggered(eng, prompts, params)
+        hits, n0 = eng.alloc.hits, eng.steps
+        again = staggered(eng, prompts, params)
+    mixed = [s for s in list(eng.step_log)[n0:] if s.decode_rows and s.prefill_tokens]
+    assert eng.alloc.hits > hits and len(mixed) >= 2 and preempted, "cached tails beside decode rows, preemption"
+    assert again == first
+    for o, r in zip(first, ref, strict=True):
+        assert same_greedy(o, r.tokens, r.margins)
+    assert eng.alloc.num_free == eng.alloc.num_blocks
