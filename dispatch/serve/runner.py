@@ -32,7 +32,7 @@ class ModelRunner:
         self.kv = new_kv_cache(lean, num_blocks, block_size)
         self.scratch_block = num_blocks  # padding rows of a graph write here
         self.table = np.full((max_seqs, self.M), self.scratch_block, dtype=np.int32)
-        self.known = [0] * max_seqs  # blocks of each row already written
+        self.known = np.zeros(max_seqs, dtype=np.int64)  # blocks of each row already written
         self.free_rows = list(range(max_seqs - 1, -1, -1))
         self.row_of: dict[int, int] = {}  # sequence id → its table row
         self.max_seqs = max_seqs
@@ -46,7 +46,7 @@ class ModelRunner:
         if r is None:
             r = self.row_of[seq.id] = self.free_rows.pop()
             self.known[r] = 0
-        blocks, k = seq.table.blocks, self.known[r]
+        blocks, k = seq.table.blocks, int(self.known[r])
         if len(blocks) > k:
             new = np.asarray(blocks[k:], dtype=np.int64)
             if len(blocks) > self.M or new.min() < 0 or new.max() >= self.num_blocks:
@@ -88,7 +88,7 @@ class ModelRunner:
                 wanted.append(len(ids) - 1)
                 out.append(seq)
         pos_np, rows_np = np.asarray(pos, dtype=np.int64), np.asarray(rows, dtype=np.int64)
-        owned = np.asarray(self.known, dtype=np.int64)[rows_np] * self.block_size
+        owned = self.known[rows_np] * self.block_size
         if (pos_np >= owned).any():  # a slot in a block the sequence does not hold: refused, never written
             t = int(np.argmax(pos_np >= owned))
             raise RuntimeError(f"token {t} of the step is at position {pos_np[t]}, past the {owned[t]} positions "
