@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 
 import torch
 import triton
@@ -66,9 +67,15 @@ def enabled(device) -> bool:
     return _hardware(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
+def _skipped() -> bool:
+    """Whether the launcher calling :func:`launch_kw` lives in a module ``DISPATCH_PDL_SKIP`` names."""
+    skip = os.environ.get("DISPATCH_PDL_SKIP")
+    return bool(skip) and sys._getframe(2).f_globals.get("__name__", "").rsplit(".", 1)[-1] in skip.split(",")
+
+
 def launch_kw(device, late: bool = False) -> dict:
     """The launch keywords of a kernel that takes ``PDL``: the constexpr, and the attribute when on."""
-    if not enabled(device):
+    if not enabled(device) or _skipped():
         return {"PDL": False}
     return {"PDL": 2 if late else 1, "launch_pdl": True}
 

@@ -195,20 +195,22 @@ class LLMEngine:
         if not sched:
             return []
         kv = sum(len(s.tokens) for s in sched.decode)
-        try:
+        try:  # up to the step's one host sync (a kernel's fault surfaces there on a GPU)
             logits, seqs = self.runner.run(sched)
+            ready = self.scheduler.after_step(sched)
+            picks = self._sample(logits, seqs)
+            lps = self._logprobs(logits, picks, seqs)
+            picked = picks.tolist()
         except Exception as e:  # what the failed step held, for the log
-            e.add_note(f"the step held {len(sched.decode)} decode rows (positions "
+            e.add_note(f"step {self.steps + 1} held {len(sched.decode)} decode rows (positions "
                        f"{[s.computed for s in sched.decode][:16]}) and chunks (tokens, first position) "
-                       f"{[(n, s.computed) for s, n in sched.chunks][:16]}")
+                       f"{[(n, s.computed) for s, n in sched.chunks][:16]}; "
+                       f"{'graphed' if self.runner.graphed(sched) else 'eager'}")
             raise
-        ready = self.scheduler.after_step(sched)
         assert [s.id for s in ready] == [s.id for s in seqs], "the runner's rows and the scheduler's disagree"
-        picks = self._sample(logits, seqs)
-        lps = self._logprobs(logits, picks, seqs)
         now = time.perf_counter()
         outs = []
-        for seq, tok in zip(seqs, picks.tolist(), strict=True):
+        for seq, tok in zip(seqs, picked, strict=True):
             req = self.requests[seq.id]
             seq.tokens.append(tok)
             req.times.append(now)

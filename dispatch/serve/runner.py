@@ -111,9 +111,13 @@ class ModelRunner:
         """Logits [R, V] (fp32) of the sequences that get a token this step, and those sequences."""
         batch, seqs = self.build(step)
         with torch.no_grad():
-            if self.graphs and not step.chunks and batch.num_decode <= BUCKETS[-1]:
+            if self.graphed(step):
                 return self._replay(batch), seqs
             return paged_forward(self.lean, batch, self.kv, kernels=self.kernels).float(), seqs
+
+    def graphed(self, step: Scheduled) -> bool:
+        """Whether ``step`` replays a captured graph (decode rows only, at most the largest bucket)."""
+        return self.graphs and not step.chunks and len(step.decode) <= BUCKETS[-1]
 
     def _buffers(self, G: int) -> StepBatch:
         """Fixed inputs of bucket G, all rows padding (scratch block, position 0)."""

@@ -189,7 +189,8 @@ def invariance_profile(eng, prompts) -> dict:
     from dispatch.kernels import pdl
 
     with pdl.disabled():
-        eng._graphs.clear()
+        eng._graphs.clear()  # and a fresh pool: capturing into one whose graphs are gone is refused
+        eng._pool = None
         B = _decode_ready(eng, prompts)
         return step_profile(_restoring(eng, lambda: eng._run_step(B, True)))
 
