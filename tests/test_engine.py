@@ -228,6 +228,7 @@ def test_profile_kinds():
 
     assert kind_of("_up_swiglu_kernel") == "experts" and kind_of("_route_kernel") == "router"
     assert kind_of("_fused_decode_kernel") == "experts"
+    assert kind_of("_router_logits_kernel") == kind_of("_rank_kernel") == kind_of("_router_topk_kernel") == "router"
     assert kind_of("fmha_cutlassF_bf16_aligned_64x128") == "attention"
     assert kind_of("nvjet_tst_64x8_64x16_2x1_v_bz_TNT") == "projections (GEMV/GEMM)"
     assert kind_of("_add_rms_kernel") == "norms, rope, elementwise"

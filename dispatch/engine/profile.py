@@ -16,7 +16,7 @@ import torch
 KINDS = (
     ("experts", ("_up_swiglu", "_down_kernel", "_combine", "_fused_decode", "grouped", "_scatter", "histogram",
                  "scan_blocks", "persistent")),
-    ("router", ("_route_kernel", "topk")),
+    ("router", ("_route_kernel", "topk", "_router_logits", "_rank_kernel")),
     ("attention", ("attention", "fmha", "flash", "sdpa", "attn")),
     ("sampling", ("argmax", "sort", "exponential", "cumsum", "radix", "gather")),
     ("projections (GEMV/GEMM)", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "matmul", "splitk", "cublas")),
