@@ -20,9 +20,12 @@ same items run in one grid:
    with the very additions of ``combine._combine_kernel``.
 
 The output is bitwise the chain's (same tiles, same orders). The counters live in a small int32
-workspace per (device, stream), zeroed once; the last program to leave sets them back to zero. So
-calls on one stream share it one after another: two CUDA graphs captured on one stream and then
-replayed at the same time on two streams would share it too (replay them on their capture stream).
+workspace per device, zeroed once when it is allocated; the last program to leave sets them back to
+zero, so launches share it one after another. It is allocated outside any CUDA graph capture (the
+first launch on a device is refused inside one: warm up first, as every capture here does): a tensor
+allocated during a capture comes from the graph's memory pool, where a graph captured earlier into the
+same pool may still write its temporaries — counters overwritten by activations. One-launch kernels
+on one device must not run at the same time on two streams.
 
     lag 2:   U0 U1 | U2 D0 | U3 D1 | ... | U7 D5 | D6 D7      (Us: slot s's up items, Ds: its down items;
     lag 8:   U0 U1 ... U7 | D0 D1 ... D7                         a down item waits for its slot's Us)
@@ -143,20 +146,23 @@ def _fused_decode_kernel(x, ids, w, gate_up, down, h, out, y, dims, T, LAG,  # o
     pdl_exit(PDL)
 
 
-_workspaces: dict = {}  # (device, stream) -> int32 counters, zero between launches
+_workspaces: dict = {}  # device -> int32 counters, zero between launches
 _outgrown: list = []  # workspaces replaced by larger ones
+MIN_COUNTERS = 4096  # 16 KB: room for E + shared ≤ 1024 slots and H / BLOCK_HO ≤ 3070 tiles without growing
 
 
 def workspace(device: torch.device, n: int) -> torch.Tensor:
     """The counters of the one-launch kernels (:func:`_fused_decode_kernel`, ``decode_split``) on this device
-    and stream (at least ``n``, zero)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    ws = _workspaces.get((device, stream))
+    (at least ``n``, zero between launches); allocated outside any CUDA graph capture."""
+    ws = _workspaces.get(device)
     if ws is None or ws.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the one-launch decode kernels' counters ({n} int32 on {device}) must exist before a "
+                               "CUDA graph capture: run the same call once outside the capture first (a warm-up)")
         if ws is not None:  # a CUDA graph captured with it may still replay: never free it
             _outgrown.append(ws)
-        ws = torch.zeros(max(256, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
-        _workspaces[(device, stream)] = ws
+        ws = torch.zeros(max(MIN_COUNTERS, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _workspaces[device] = ws
     if not ws.is_cuda:  # the interpreter: a call interrupted half-way (an exception in a program) left them
         ws.zero_()
     return ws

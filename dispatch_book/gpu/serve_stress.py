@@ -21,14 +21,14 @@ import torch
 
 
 def _nonzero_counters() -> list[tuple[int, list[int]]]:
-    """(stream, nonzero entries) of every one-launch workspace that is not all zero."""
+    """(device, nonzero entries) of every one-launch workspace that is not all zero."""
     from dispatch.kernels import decode_fused
 
     bad = []
-    for (_, stream), ws in list(decode_fused._workspaces.items()):
+    for dev, ws in list(decode_fused._workspaces.items()):
         nz = ws.nonzero().flatten()
         if nz.numel():
-            bad.append((stream, [(int(i), int(ws[i])) for i in nz[:8]]))
+            bad.append((str(dev), [(int(i), int(ws[i])) for i in nz[:8]]))
     return bad
 
 
