@@ -317,3 +317,25 @@ def test_the_decode_and_quant_races_draw_from_the_routing():
                          routing="trace:1")
     assert rows[0]["routing"] == "trace:1" and rows[0]["busiest_over_mean"] >= 1.0
     assert "rel_err_twin" in rows[0]["contestants"]["int8-channel"]
+
+
+def test_merge_by_kind_keeps_what_a_run_skipped():
+    """Suites of kinds per model (speculative): a run that measured one kind of a model keeps the
+    recording's other kinds of it, and a kind it only skipped keeps the recorded rows of that kind."""
+    def doc(rows, commit):
+        return {"benchmark": "speculative", "gpu": "g", "gpu_count": 1, "versions": {}, "git_commit": commit,
+                "date": "2026-12-07T00:00:00", "command": "c", "rows": rows}
+
+    old = doc([{"shape": "m", "kind": "invariance", "v": 1}, {"shape": "m", "kind": "replay", "v": 2},
+               {"shape": "m", "kind": "verify_cost", "v": 3}, {"shape": "s", "kind": "race", "v": 4}], "aaaaaaa")
+    new = doc([{"shape": "m", "kind": "invariance", "v": 5}, {"shape": "m", "kind": "replay", "skipped": "time"}],
+              "bbbbbbb")
+    m = results.merged(new, old)
+    assert sorted((r["kind"], r.get("v")) for r in m["rows"]) == [
+        ("invariance", 5), ("race", 4), ("replay", 2), ("verify_cost", 3)]
+    assert [p["git_commit"] for p in m["parts"]] == ["bbbbbbb", "aaaaaaa"]
+    assert results._sizes_text(m["parts"][0]["sizes"], {"m", "s"}) == "m (invariance)"
+    assert results._sizes_text(m["parts"][1]["sizes"], {"m", "s"}) == "m (replay, verify_cost), s (race)"
+    alone = results.merged(doc([{"shape": "m", "kind": "replay", "skipped": "time"}], "bbbbbbb"),
+                           doc([{"shape": "m", "kind": "replay", "skipped": "time"}], "aaaaaaa"))
+    assert alone["rows"] == [{"shape": "m", "kind": "replay", "skipped": "time"}]  # nothing measured to keep

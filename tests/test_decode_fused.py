@@ -130,12 +130,21 @@ def test_counters_left_dirty_on_the_cpu_are_cleared():
     both((x, w, ids, gu, dn))
 
 
-def test_counters_are_per_stream_and_grow():
+def test_counters_are_per_device_and_grow():
     a = decode_fused.workspace(torch.device("cpu"), 10)
     assert a.dtype == torch.int32 and a.numel() >= 10 and not a.any()
     assert decode_fused.workspace(torch.device("cpu"), 10) is a
-    big = decode_fused.workspace(torch.device("cpu"), 5000)
-    assert big.numel() >= 5000 and big is not a and any(w is a for w in decode_fused._outgrown)  # kept alive
+    big = decode_fused.workspace(torch.device("cpu"), 2 * a.numel())
+    assert big.numel() >= 2 * a.numel() and big is not a and any(w is a for w in decode_fused._outgrown)  # alive
+
+
+def test_counters_are_never_allocated_inside_a_graph_capture(monkeypatch):
+    """A tensor allocated during a capture comes from the graph's pool, where an earlier graph's
+    temporaries may land on it at replay: the counters must exist before the first capture."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(decode_fused, "_workspaces", {})
+    with pytest.raises(RuntimeError, match="must exist before a CUDA graph capture.*warm-up"):
+        decode_fused.workspace(torch.device("cuda", 0), 10)
 
 
 @pytest.mark.gpu
@@ -162,3 +171,34 @@ def test_gpu_bitwise_the_chain_under_graphs(preset, T):
     g.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(y, chain) for y in ys)
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_sharing_a_pool_leave_the_counters_alone():
+    """As the engines capture their buckets: graphs of the chain first, then of the one launch, into one
+    memory pool. Replaying the chain's graphs (their temporaries) between the one launch's replays must
+    not touch the counters: the one launch stays bitwise the chain, its counters zero after each."""
+    from dispatch.kernels import tiles
+    from dispatch.tune.search import make_case
+
+    dev, pool = torch.device("cuda"), torch.cuda.graph_pool_handle()
+    c, wts, x, w, ids = make_case("olmoe-1b-7b", 12, dev, torch.bfloat16)
+    args = (x, w, ids, wts.gate_up_E2IH, wts.down_EHI)
+    cfg = tiles.decode_config(12, c.K, c.E, c.H, c.I, torch.bfloat16, dev)
+    def call(fused):  # the kernels' buffers and y are temporaries of the graph; y * 1 its output
+        return moe_decode(*args, config=replace(cfg, fused=fused)) * 1
+
+    graphs, outs = [], []
+    for fused in (0, 0, 1, 64):
+        call(fused)  # the warm-up: compilation, and the counters, outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            outs.append(call(fused))
+        graphs.append(g)
+    for order in ([0, 2, 1, 3], [1, 3, 0, 2, 3, 1, 2]):
+        for i in order:
+            graphs[i].replay()
+            torch.cuda.synchronize()
+            assert not any(ws.any() for ws in decode_fused._workspaces.values()), (order, i)
+        assert torch.equal(outs[2], outs[0]) and torch.equal(outs[3], outs[0])

@@ -195,9 +195,15 @@ class CannotMerge(ValueError):
 def _size(row: dict) -> tuple:
     """What a merge keys rows by: (shape, tokens), and the routing where it is not uniform
     (``dispatch_book.bench.skew``: a skewed file may hold several routings); a suite without shapes
-    by the row's part (``serve``: step, offline, online, reliability)."""
+    by the row's part (``serve``: step, offline, online, reliability); a suite of kinds of rows per
+    model without token counts (``speculative``, ``step_kernels``) by (model, kind)."""
     routing = row.get("routing", "uniform")
-    return (row.get("shape", row.get("part")), row.get("tokens")) + (() if routing == "uniform" else (routing,))
+    size = (row.get("shape", row.get("part")), row.get("tokens"))
+    if routing != "uniform":
+        return size + (routing,)
+    if "kind" in row and "tokens" not in row:  # suites of kinds per model: by kind
+        return size + ("kind", row["kind"])
+    return size
 
 
 def _part(doc: dict) -> dict:
@@ -214,7 +220,13 @@ def merged(new: dict, old: dict) -> dict:
         if old.get(f) != new.get(f):
             raise CannotMerge(f"cannot merge into the recorded {old.get('benchmark')!r} file: its {f} is "
                               f"{old.get(f)!r:.120}, this run's {new.get(f)!r:.120}; record every size again")
-    done = {_size(r) for r in new["rows"]}
+    def measured(doc):
+        return {_size(r) for r in doc["rows"] if "skipped" not in r}
+    # a size this run only skipped (time budget) keeps the recording's measured rows of it
+    ours, theirs = measured(new), measured(old)
+    rows = [r for r in new["rows"] if "skipped" not in r or _size(r) in ours or _size(r) not in theirs]
+    new = {**new, "rows": rows}
+    done = {_size(r) for r in rows}
     kept = [r for r in old["rows"] if _size(r) not in done]
     if not kept:
         return new
@@ -230,9 +242,10 @@ def _sizes_text(sizes: list, all_shapes: set) -> str:
     """"T = 1, 8, 64", plus "for SHAPES" when the run measured some of the recording's shapes only."""
     tokens = sorted({s[1] for s in sizes if s[1] is not None})
     shapes = sorted({s[0] for s in sizes if s[0] is not None})
-    if not tokens:  # parts of a suite without sizes (serve)
-        return ", ".join(shapes)
-    routings = sorted({s[2] for s in sizes if len(s) > 2})
+    if not tokens:  # parts of a suite without sizes (serve), or of kinds per model (speculative)
+        kinds = {sh: sorted({s[3] for s in sizes if len(s) == 4 and s[0] == sh}) for sh in shapes}
+        return ", ".join(f"{sh} ({', '.join(kinds[sh])})" if kinds[sh] else sh for sh in shapes)
+    routings = sorted({s[2] for s in sizes if len(s) == 3})
     text = f"T = {', '.join(map(str, tokens))}" + (f" ({', '.join(routings)} routing)" if routings else "")
     return text if set(shapes) >= all_shapes else f"{text} for {', '.join(shapes)}"
 
