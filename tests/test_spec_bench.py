@@ -77,3 +77,24 @@ def test_gpu_sentences_by_hand():
     assert s[2] == "olmoe-1b-7b: a speculative step at k=0 costs 2.500 ms, 1.25x the invariant decode step (2.000 ms)"
     assert s[3] == "olmoe-1b-7b replay, lookup k=7: 1.70x the invariant plain decode, 1.10x the default one"
     assert len(s) == 4  # the skipped row says nothing
+
+
+def test_run_each_warms_up_on_the_whole_set_and_keeps_the_median_pass():
+    """With passes > 1 every prompt runs once untimed (an adaptive k's graphs are captured then), and of
+    the timed passes the one of median decode time is returned."""
+    from types import SimpleNamespace
+
+    from dispatch_book.bench.speculative import run_each
+
+    class Fake:
+        def __init__(self):
+            self.calls, self.times = [], iter([9.0, 9.0, 3.0, 3.0, 1.0, 1.0, 2.0, 2.0])
+
+        def generate(self, prompts, new):
+            self.calls.append((tuple(prompts[0]), new))
+            return SimpleNamespace(decode_s=next(self.times))
+
+    eng = Fake()
+    outs = run_each(eng, [[1], [2]], 5, passes=3)
+    assert eng.calls == [((1,), 5), ((2,), 5)] * 4  # the warm-up pass, then three timed passes
+    assert [o.decode_s for o in outs] == [2.0, 2.0]  # totals 6, 2, 4: the median is 4

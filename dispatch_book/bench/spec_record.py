@@ -99,7 +99,7 @@ def _shipped(ck, dr, prompts, runs, add, left) -> None:
     plain = {}
     for mode in ("default", "invariant"):
         outs = run_each(Engine(LeanModel.from_hf(ck.model, batch_invariant=mode == "invariant"), max_seq=160),
-                        prompts, NEW)
+                        prompts, NEW, passes=3)
         plain[mode] = outs
         rate, tokens, secs = tokens_per_s(outs)
         add({"kind": "race", "model": "shipped", "mode": mode, "drafter": "none", "k": 0, "tok_s": rate,
@@ -120,7 +120,7 @@ def _shipped(ck, dr, prompts, runs, add, left) -> None:
                 ad = AdaptiveK([costs.get((mode, name, j), costs[(mode, name, 1)]) for j in range(K_MAX + 1)],
                                k_min=drafter.k_min) if k == "adaptive" else None
                 spec = SpeculativeEngine(lean, drafter, k=K_MAX if ad else k, adaptive=ad, max_seq=160)
-                outs = run_each(spec, prompts, NEW)
+                outs = run_each(spec, prompts, NEW, passes=3)
                 rate, tokens, secs = tokens_per_s(outs)
                 acc = [a[0] for o in outs for a in o.extra["accepted"]]
                 add({"kind": "race", "model": "shipped", "mode": mode, "drafter": name, "k": str(k), "tok_s": rate,
