@@ -2,6 +2,9 @@
 tiny workload (every part, each contestant measured or recorded with the reason it did not run)."""
 import json
 import math
+import os
+import sys
+import time
 
 import pytest
 
@@ -215,3 +218,33 @@ def test_one_time_stalls():
     assert said[1] == ("this engine: TTFT p99 2000 ms at 8/s but 70 ms at 32/s (TPOT p99 45 vs 16 ms): "
                        "a tail that falls as the load rises is a one-time stall, not the queue")
     assert one_time_stalls("ours", {4: r(50, 10), 8: r(80, 12), 16: r(400, 30)}) == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_dies_with_the_benchmark_that_started_it():
+    """A benchmark killed by its time limit (SIGKILL: no cleanup runs) must not leave its server behind."""
+    import signal
+    import subprocess
+
+    code = ("import subprocess, sys, time\n"
+            "from dispatch_book.bench.serve_online import _die_with_parent\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+            "                     preexec_fn=_die_with_parent)\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{child}/stat") as f:  # a zombie has died already (its parent, init, reaps it)
+            if f.read().split(")")[-1].split()[0] == "Z":
+                return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the child outlived its parent by 10 s")

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -50,6 +51,14 @@ def _command(kind: str, folder: str, port: int, *, max_seqs: int, max_step_token
     raise ValueError(f"no server kind {kind!r}")
 
 
+def _die_with_parent() -> None:
+    """In the child before it runs (Linux): SIGTERM when the process that started it dies, however it
+    dies (a benchmark killed by its time limit must not leave a server holding the GPU's memory)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
 @contextlib.contextmanager
 def server(kind: str, folder: str, *, max_seqs: int = 256, max_step_tokens: int = 2048, start_s: float = 180,
            log_path: str | None = None, cache_tokens: int | None = None):
@@ -61,7 +70,8 @@ def server(kind: str, folder: str, *, max_seqs: int = 256, max_step_tokens: int 
         os.makedirs(HF_HUB_CACHE, exist_ok=True)
     cmd = _command(kind, folder, port, max_seqs=max_seqs, max_step_tokens=max_step_tokens, cache_tokens=cache_tokens)
     log = open(log_path or os.devnull, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     url, name = f"http://127.0.0.1:{port}", "model" if kind == "ours" else folder
     try:
         t0 = time.perf_counter()

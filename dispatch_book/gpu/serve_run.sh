@@ -16,6 +16,8 @@
 # DEBUG=1: every launch synchronous in the servers (CUDA_LAUNCH_BLOCKING): a kernel's illegal memory access
 # is reported at that kernel, not at the next host sync (a server logs a failed step with its rows); its
 # timings are not a recording then, so they go to $OUT/debug/ instead of $OUT/results/.
+# STRESS=<seconds>: first `python -m dispatch_book.gpu.serve_stress` (the engine in-process, rounds of the online
+# workload, the one-launch kernels' counters checked after every step) into $OUT/stress.log.
 set -u
 TOTAL_DEFAULT=560
 RES=results
@@ -29,6 +31,10 @@ nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.t
 if [ "${TESTS:-1}" = 1 ]; then
     timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_serve_gpu.py > "$OUT/tests.log" 2>&1
     tail -4 "$OUT/tests.log"
+fi
+if [ "${STRESS:-0}" -gt 0 ]; then  # STRESS=<seconds>: the engine in-process under the online workload, checked every step
+    timeout $(( STRESS + 120 )) python3 -m dispatch_book.gpu.serve_stress --seconds "$STRESS" > "$OUT/stress.log" 2>&1
+    echo "stress: exit $?"; tail -3 "$OUT/stress.log"
 fi
 PARTS=${PARTS:-step,offline,online,reliability}
 # the issue-sized reliability run (10,000 requests) in a call of its own; beside the races, 2,000
