@@ -196,16 +196,21 @@ def test_step_log_keeps_the_latest_steps(shipped, monkeypatch):
 
 
 def test_warmup_lengths_cover_each_integer_kind():
+    """Every token count a step can have finds a warm-up length in its bucket with the same kinds of
+    integers (1, a multiple of 16, other) for T and T·K: the step a real request brings compiles nothing."""
     from dispatch.serve.engine import warmup_lengths
 
-    assert warmup_lengths(7) == []
-    assert warmup_lengths(8) == [8]
-    assert warmup_lengths(40) == [8, 9, 16, 17, 32, 33]
-    assert warmup_lengths(2048)[-3:] == [1024, 1025, 2048]  # no 2049: over the budget
-    for top in (64, 100, 512, 2048):  # per power of two: a multiple of 16 (from 16) and a length that is not
-        got = warmup_lengths(top)
-        assert max(got) <= top and all(n % 16 for n in got[1::2])
-        assert all(n & (n - 1) == 0 for n in got[0::2])
+    def kind(x):
+        return 1 if x == 1 else 16 if x % 16 == 0 else 0
+
+    assert warmup_lengths(16, (8,)) == [1, 2, 3, 4, 5, 6, 9, 10, 16]  # T = 10: T other, 10·8 = 80 a multiple of 16
+    assert warmup_lengths(16) == [1, 2, 3, 5, 9, 16]
+    for top, routed in ((64, (8,)), (300, (6, 8)), (2048, (2,)), (2048, (8, 9))):
+        got = warmup_lengths(top, routed)
+        assert max(got) <= top and len(got) == len(set(got)) and len(got) <= 4 * top.bit_length() * len(routed)
+        keys = {(1 << (n - 1).bit_length(), kind(n), *(kind(n * m) for m in routed)) for n in got}
+        assert all((1 << (T - 1).bit_length(), kind(T), *(kind(T * m) for m in routed)) in keys
+                   for T in range(1, top + 1))
 
 
 def test_bad_requests_and_configs(shipped):

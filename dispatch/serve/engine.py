@@ -27,6 +27,7 @@ import torch
 
 from dispatch.engine.model import LeanModel
 from dispatch.engine.sampling import sample
+from dispatch.moe import shared_rides_along
 from dispatch.serve.blocks import BlockAllocator
 from dispatch.serve.model import kv_bytes_per_token
 from dispatch.serve.request import DEFAULT, Completion, RequestOutput, RequestParams, StepStat
@@ -64,14 +65,21 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
 
 
-def warmup_lengths(max_tokens: int) -> list[int]:
-    """Prompt lengths a GPU warm-up prefills: n and n + 1 for each power of two n from 8 up to
-    ``max_tokens``. Triton compiles a kernel once per kind of integer argument (1, a multiple of 16,
-    any other), so powers of two alone leave the other lengths' versions to the first real requests."""
-    out, n = [], 8
-    while n <= max_tokens:
-        out += [n, n + 1][: 1 + (n < max_tokens)]
-        n *= 2
+def warmup_lengths(max_tokens: int, routed: tuple[int, ...] = ()) -> list[int]:
+    """Prompt lengths a GPU warm-up prefills: per bucket of token counts T (powers of two: a bucket picks
+    the experts path and its tiles), the first T of each kind of integer Triton compiles a kernel for —
+    1, a multiple of 16, any other — of T and of T·m for each m in ``routed`` (the routed rows T·K the
+    experts kernels take). Each new kind compiles the step's kernels again the first time it runs:
+    seconds in the middle of a request's first token otherwise."""
+    def kind(x: int) -> int:
+        return 1 if x == 1 else 16 if x % 16 == 0 else 0
+
+    seen, out = set(), []
+    for T in range(1, max_tokens + 1):
+        key = (1 << (T - 1).bit_length(), kind(T), *(kind(T * m) for m in routed))
+        if key not in seen:
+            seen.add(key)
+            out.append(T)
     return out
 
 
@@ -131,15 +139,16 @@ class LLMEngine:
     def warmup(self) -> None:
         """Compile the kernels (one short request) and, with CUDA graphs, capture every decode bucket
         now rather than in the middle of the first requests that need them. On a GPU also one prompt of
-        each power-of-two length up to the step budget: a step's token count picks the experts path and
-        its tiles (and the prefill kernels their shapes), and each pick compiles the first time it runs —
-        seconds in the middle of a request's first token otherwise."""
+        each length :func:`warmup_lengths` names up to the step budget: a step's token count picks the
+        experts path and its tiles (and the prefill kernels their shapes), and each pick, and each kind
+        of token count, compiles the first time it runs."""
         if self.has_work():
             raise RuntimeError("warm up before adding requests")
         self.generate([[1] * min(4, self.max_model_len - 2)], RequestParams(max_tokens=2, ignore_eos=True))
         if self.dev.type == "cuda":
             V = self.lean.embed.shape[0]
-            for i, n in enumerate(warmup_lengths(min(self.cfg.max_step_tokens, self.max_model_len - 2))):
+            routed = tuple(sorted({c.K + n for c in self.lean.moe_cfgs if c for n in (0, shared_rides_along(c))}))
+            for i, n in enumerate(warmup_lengths(min(self.cfg.max_step_tokens, self.max_model_len - 2), routed)):
                 tok = 2 + i % (V - 2)  # a token of its own per length: no cached prefix shortens the step
                 self.generate([[tok] * n], RequestParams(max_tokens=1, ignore_eos=True))
         if self.runner.graphs:
