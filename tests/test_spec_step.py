@@ -72,6 +72,43 @@ def test_accept_advance_is_greedy_accept_then_advance(k):
     assert torch.equal(t1, h1.gather(1, p1[:, None])[:, 0])
 
 
+@pytest.mark.parametrize("k", [0, 3, 8])
+def test_accept_advance_writes_the_hosts_row_in_the_same_launch(k):
+    """With ``res_BK2``: [adv, picks_0 .. picks_k] per row in a wider buffer, adv returned as its column 0,
+    the rest of the buffer untouched; the twin does the same."""
+    g = torch.Generator().manual_seed(k + 3)
+    B, S = 5, 48
+    hist, pos, drafts, picks = _accept_case(g, B, k, S, agree=[0, k, k // 2, 1 % (k + 1), k])
+    cap = pos + torch.tensor([40, 0, 40, 2, 40])
+    got, want = [], []
+    for fn, out in ((accept_advance, got), (accept_advance_torch, want)):
+        h, p, tok = hist.clone(), pos.clone(), torch.zeros(B, dtype=torch.long)
+        res = torch.full((B, k + 4), -7, dtype=torch.long)
+        adv = fn(h, p, drafts, picks, cap, tok, res)
+        out += [adv.clone(), res, h, p, tok]
+        assert adv.data_ptr() == res.data_ptr() and torch.equal(res[:, 1:k + 2], picks)
+        assert (res[:, k + 2:] == -7).all()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    h, p = hist.clone(), pos.clone()
+    assert torch.equal(got[0], accept_advance(h, p, drafts, picks, cap))  # the same count without res
+
+
+def test_lookup_drafts_into_a_view_of_the_verify_ids():
+    g = torch.Generator().manual_seed(5)
+    hist = torch.randint(0, 4, (3, 30), generator=g)
+    last = torch.tensor([29, 12, 3])
+    ids = torch.full((3, 7), -1, dtype=torch.long)
+    out = lookup_drafts(hist, last, 5, out=ids[:, 1:6])
+    assert out.data_ptr() == ids[:, 1:6].data_ptr() and torch.equal(out, lookup(hist, last, 5))
+    assert (ids[:, 0] == -1).all() and (ids[:, 6] == -1).all()
+    with pytest.raises(ValueError, match="unit column stride"):
+        lookup_drafts(hist, last, 3, out=ids[:, ::2][:, :3])
+    with pytest.raises(ValueError, match="out must be"):
+        lookup_drafts(hist, last, 3, out=ids[:, 1:3])
+    with pytest.raises(ValueError, match="res_BK2 must be"):
+        accept_advance(hist, last.clone(), ids[:, :2], ids[:, :3], last + 5, None, torch.zeros(3, 3, dtype=torch.long))
+
+
 def test_accept_advance_all_and_none_accepted():
     g = torch.Generator().manual_seed(0)
     k, B, S = 5, 3, 40

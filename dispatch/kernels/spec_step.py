@@ -125,8 +125,8 @@ def _lookup_kernel(hist_ptr, last_ptr, out_ptr, S, k, n_min, s_hb, s_hs, s_l, s_
 
 @triton.jit
 def _accept_advance_kernel(hist_ptr, pos_ptr, drafts_ptr, picks_ptr, cap_ptr, adv_ptr, tok_ptr, S, k,
-                           s_hb, s_hs, s_p, s_db, s_dk, s_pb, s_pk, s_c, s_t,
-                           WRITE_TOK: tl.constexpr, BLOCK_K: tl.constexpr):
+                           s_hb, s_hs, s_p, s_db, s_dk, s_pb, s_pk, s_c, s_t, s_a,
+                           WRITE_TOK: tl.constexpr, WRITE_PICKS: tl.constexpr, BLOCK_K: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK_K)
     picks = tl.load(picks_ptr + b * s_pb + j * s_pk, mask=j <= k, other=0)
@@ -141,7 +141,9 @@ def _accept_advance_kernel(hist_ptr, pos_ptr, drafts_ptr, picks_ptr, cap_ptr, ad
     idx = tl.minimum(pos + 1 + j, S - 1)
     tl.store(hist_ptr + b * s_hb + idx * s_hs, picks, mask=j < adv)
     tl.store(pos_ptr + b * s_p, pos + adv)
-    tl.store(adv_ptr + b, adv)
+    tl.store(adv_ptr + b * s_a, adv)
+    if WRITE_PICKS:  # the row of what the host reads: [adv, picks_0 .. picks_k]
+        tl.store(adv_ptr + b * s_a + 1 + j, picks, mask=j <= k)
     if WRITE_TOK:
         tl.store(tok_ptr + b * s_t, tok)
 
@@ -176,18 +178,25 @@ def lookup_drafts_torch(hist_BS, last_B, k: int, n_max: int = 3, n_min: int = 1)
     return lookup(hist_BS, last_B, k, n_max, n_min)
 
 
-def lookup_drafts(hist_BS: torch.Tensor, last_B: torch.Tensor, k: int, n_max: int = 3, n_min: int = 1) -> torch.Tensor:
+def lookup_drafts(hist_BS: torch.Tensor, last_B: torch.Tensor, k: int, n_max: int = 3, n_min: int = 1, *,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Prompt-lookup drafts [B, k] int64 in one launch (module docstring); ``last_B`` int32/int64 [B]
-    with every entry in [0, S)."""
-    B, S = _check_hist(hist_BS, last_B)
+    with every entry in [0, S). ``out``: an int64 [B, k] view to write them into (unit column stride:
+    the verify step's ids after each row's token), returned."""
+    B, S = _check_hist(hist_BS, last_B, out)
+    if out is not None:
+        _check_ints("out", out, (B, k))
+        if k > 1 and out.stride(1) != 1:
+            raise ValueError(f"out must have unit column stride, got strides {tuple(out.stride())}")
     _check_ints("last_B", last_B, (B,), (torch.int32, torch.int64))
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_K:
         raise ValueError(f"k must be an int in [0, {MAX_K}], got {k!r}")
     if not 1 <= n_min <= n_max <= MAX_N:
         raise ValueError(f"need 1 <= n_min <= n_max <= {MAX_N}, got n_min={n_min}, n_max={n_max}")
     if _torch_here(hist_BS, "lookup_drafts"):
-        return lookup_drafts_torch(hist_BS, last_B, k, n_max, n_min)
-    out = torch.empty(B, k, dtype=torch.int64, device=hist_BS.device)
+        drafts = lookup_drafts_torch(hist_BS, last_B, k, n_max, n_min)
+        return drafts if out is None else out.copy_(drafts)
+    out = torch.empty(B, k, dtype=torch.int64, device=hist_BS.device) if out is None else out
     if B and k:
         _lookup_kernel[(B,)](hist_BS, last_B, out, S, k, n_min, hist_BS.stride(0), hist_BS.stride(1),
                              last_B.stride(0), out.stride(0), N_MAX=n_max, BLOCK=BLOCK,
@@ -195,19 +204,26 @@ def lookup_drafts(hist_BS: torch.Tensor, last_B: torch.Tensor, k: int, n_max: in
     return out
 
 
-def accept_advance_torch(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B=None) -> torch.Tensor:
+def accept_advance_torch(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B=None, res_BK2=None) -> torch.Tensor:
     """The twin of :func:`accept_advance`: greedy acceptance's count (:func:`leading`), then :func:`advance`."""
     adv_B = advance(hist_BS, pos_B, picks_BK1, leading(drafts_BK == picks_BK1[:, :-1]), cap_B)
     if tok_B is not None:
         tok_B.copy_(hist_BS.gather(1, pos_B[:, None])[:, 0])
-    return adv_B
+    if res_BK2 is None:
+        return adv_B
+    res_BK2[:, 0].copy_(adv_B)
+    res_BK2[:, 1:picks_BK1.shape[1] + 1].copy_(picks_BK1)
+    return res_BK2[:, 0]
 
 
 def accept_advance(hist_BS: torch.Tensor, pos_B: torch.Tensor, drafts_BK: torch.Tensor, picks_BK1: torch.Tensor,
-                   cap_B: torch.Tensor, tok_B: torch.Tensor | None = None) -> torch.Tensor:
+                   cap_B: torch.Tensor, tok_B: torch.Tensor | None = None,
+                   res_BK2: torch.Tensor | None = None) -> torch.Tensor:
     """Greedy acceptance and the rollback in one launch (module docstring). Every input int64; ``hist_BS``
-    and ``pos_B`` (and ``tok_B`` [B], if given) are written in place. Returns adv_B int64 [B]."""
-    B, S = _check_hist(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B)
+    and ``pos_B`` (and ``tok_B`` [B], if given) are written in place. Returns adv_B int64 [B]; with
+    ``res_BK2`` [B, ≥ k+2] (what the host reads of a step, unit column stride) adv lands in its column
+    0 and the picks in columns 1 .. k+1, and adv_B is that column."""
+    B, S = _check_hist(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B, res_BK2)
     check_tensor("drafts_BK", drafts_BK, dims=2)
     k = drafts_BK.shape[1]
     if not 0 <= k <= MAX_K:
@@ -216,13 +232,19 @@ def accept_advance(hist_BS: torch.Tensor, pos_B: torch.Tensor, drafts_BK: torch.
     _check_ints("picks_BK1", picks_BK1, (B, k + 1))
     for name, t in (("pos_B", pos_B), ("cap_B", cap_B)) + ((("tok_B", tok_B),) if tok_B is not None else ()):
         _check_ints(name, t, (B,))
+    if res_BK2 is not None:
+        check_tensor("res_BK2", res_BK2, dims=2)
+        if res_BK2.dtype != torch.int64 or res_BK2.shape[0] != B or res_BK2.shape[1] < k + 2 or res_BK2.stride(1) != 1:
+            raise ValueError(f"res_BK2 must be int64 [B={B}, >= k+2={k + 2}] with unit column stride, got "
+                             f"{res_BK2.dtype} {tuple(res_BK2.shape)} strides {tuple(res_BK2.stride())}")
     if _torch_here(hist_BS, "accept_advance"):
-        return accept_advance_torch(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B)
-    adv = torch.empty(B, dtype=torch.int64, device=hist_BS.device)
+        return accept_advance_torch(hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, tok_B, res_BK2)
+    adv = torch.empty(B, dtype=torch.int64, device=hist_BS.device) if res_BK2 is None else res_BK2
     if B:
         _accept_advance_kernel[(B,)](
             hist_BS, pos_B, drafts_BK, picks_BK1, cap_B, adv, tok_B if tok_B is not None else adv, S, k,
             hist_BS.stride(0), hist_BS.stride(1), pos_B.stride(0), drafts_BK.stride(0), drafts_BK.stride(1),
             picks_BK1.stride(0), picks_BK1.stride(1), cap_B.stride(0), tok_B.stride(0) if tok_B is not None else 0,
-            WRITE_TOK=tok_B is not None, BLOCK_K=triton.next_power_of_2(k + 1), num_warps=1)
-    return adv
+            adv.stride(0), WRITE_TOK=tok_B is not None, WRITE_PICKS=res_BK2 is not None,
+            BLOCK_K=triton.next_power_of_2(k + 1), num_warps=1)
+    return adv if res_BK2 is None else res_BK2[:, 0]

@@ -46,8 +46,10 @@ class PromptLookup:
         """Nothing to prepare."""
 
     def propose(self, eng, B: int, k: int, greedy: bool):
-        if self.kernel is not None:
-            return self.kernel(eng.hist_BS[:B], eng.pos_B[:B], k, self.n_max, self.n_min), None
+        if self.kernel is not None:  # straight into the verify step's ids where the engine keeps them
+            ids = getattr(eng, "ids_BK1", None)
+            out = ids[:B, 1:k + 1] if ids is not None and k else None
+            return self.kernel(eng.hist_BS[:B], eng.pos_B[:B], k, self.n_max, self.n_min, out=out), None
         return lookup(eng.hist_BS[:B], eng.pos_B[:B], k, self.n_max, self.n_min, self.consts), None
 
 

@@ -71,13 +71,19 @@ class SpeculativeEngine(Engine):
         self.offsets = torch.arange(k + 1, **z)  # 0 … k: a verify step's positions past pos
         # what the host reads of a step, in one copy: [adv, out_0 .. out_k] per row
         self.res_BK2 = torch.zeros(self.max_batch, k + 2, **z)
+        # a verify step's ids: each row's token, then its drafts (tok_B is the first column, so the
+        # acceptance kernel that sets the next token and the lookup that writes drafts fill it in place)
+        self.ids_BK1 = torch.zeros(self.max_batch, k + 1, **z)
+        self.tok_B = self.ids_BK1[:, 0]
         drafter.bind(self)
 
     # ---- one speculative step over fixed buffers (what a graph captures) ----
     def _spec_step(self, B: int, k: int, greedy: bool) -> None:
         with torch.no_grad():
             drafts_BK, q_BKV = self.drafter.propose(self, B, k, greedy)
-            ids_BK1 = torch.cat([self.tok_B[:B, None], drafts_BK], dim=1)
+            ids_BK1 = self.ids_BK1[:B, :k + 1]
+            if k and drafts_BK.data_ptr() != ids_BK1[:, 1:].data_ptr():  # a drafter that wrote elsewhere
+                ids_BK1[:, 1:].copy_(drafts_BK)
             pos_BK1 = self.pos_B[:B, None] + self.offsets[:k + 1]
             logits = self.model(ids_BK1, pos_BK1, self.cache, prefill=False)
             forced = getattr(self.drafter, "forced", None)  # a replay: the recorded outcome, same work
@@ -86,7 +92,9 @@ class SpeculativeEngine(Engine):
                 if forced is not None:  # the recorded tokens stand for the target's; the replayed drafts
                     out_BK1 = forced(self, B, k)[0]  # match them on exactly the recorded run: n as recorded
                 accept = accept_advance if self.step_kernels else accept_advance_torch
-                adv_B = accept(self.hist_BS[:B], self.pos_B[:B], drafts_BK, out_BK1, self.cap_B[:B], self.tok_B[:B])
+                accept(self.hist_BS[:B], self.pos_B[:B], drafts_BK, out_BK1, self.cap_B[:B], self.tok_B[:B],
+                       self.res_BK2[:B])  # the host's row [adv, out_0 .. out_k] written by the same launch
+                return
             else:
                 out_BK1, n_B = speculative_sample(drafts_BK, q_BKV, logits, self.temperature, self.top_p,
                                                   generator=self.generator)
