@@ -20,6 +20,23 @@ def test_off_on_cpu_and_inside_disabled(monkeypatch):
     assert pdl.launch_kw("cpu") == {"PDL": False}
 
 
+def test_skip_names_the_launching_modules(monkeypatch):
+    """DISPATCH_PDL_SKIP: the launchers of the named modules (the caller of launch_kw) launch without PDL."""
+    def launch_kw():  # stands for pdl.launch_kw: _skipped looks at the frame that called it
+        return pdl._skipped()
+
+    def launcher_in(module: str):
+        scope = {"__name__": module, "launch_kw": launch_kw}
+        exec("def launcher():\n    return launch_kw()", scope)
+        return scope["launcher"]()
+
+    monkeypatch.delenv("DISPATCH_PDL_SKIP", raising=False)
+    assert not launcher_in("dispatch.kernels.paged_attention")
+    monkeypatch.setenv("DISPATCH_PDL_SKIP", "decode_fused,paged_attention")
+    assert launcher_in("dispatch.kernels.paged_attention") and launcher_in("dispatch.kernels.decode_fused")
+    assert not launcher_in("dispatch.kernels.attention") and not launcher_in("dispatch.kernels.sort")
+
+
 def _sm90():
     return runtime.HAS_CUDA and torch.cuda.get_device_capability() >= (9, 0)
 
