@@ -246,13 +246,17 @@ def gpu_sentences(doc: dict) -> list[str]:
         c = max(looks, key=looks.get)
         out.append(f"transformers' generate: {c} {looks[c] / peer['plain']:.2f}x its plain generate "
                    f"({peer['plain']:,.0f} tok/s)")
-    cost = {(r["shape"], r["mode"], r["drafter"], r["k"]): r["median_ms"] for r in rows if r["kind"] == "verify_cost"}
-    inv = {(r["shape"], r["batch"], r["mode"]): r["median_ms"] for r in rows if r["kind"] == "invariance"}
+    from dispatch_book.bench.results import commit_of
+
+    cost = {(r["shape"], r["mode"], r["drafter"], r["k"]): (r["median_ms"], commit_of(doc, r))
+            for r in rows if r["kind"] == "verify_cost"}
+    inv = {(r["shape"], r["batch"], r["mode"]): (r["median_ms"], commit_of(doc, r))
+           for r in rows if r["kind"] == "invariance"}
     for shape in dict.fromkeys(s for s, *_ in cost):
         k0, step = cost.get((shape, "invariant", "lookup", 0)), inv.get((shape, 1, "invariant"))
-        if k0 and step:
-            out.append(f"{shape}: a speculative step at k=0 costs {k0:.3f} ms, {k0 / step:.2f}x the invariant "
-                       f"decode step ({step:.3f} ms)")
+        if k0 and step and k0[1] == step[1]:  # one run's rows: a ratio across runs would mix two codes
+            out.append(f"{shape}: a speculative step at k=0 costs {k0[0]:.3f} ms, {k0[0] / step[0]:.2f}x the "
+                       f"invariant decode step ({step[0]:.3f} ms)")
     for r in (r for r in rows if r["kind"] == "replay" and r["drafter"] != "none"):
         out.append(f"{r['shape']} replay, {r['drafter']} k={r['k']}: {r['speedup_vs_invariant_plain']:.2f}x the "
                    f"invariant plain decode, {r['speedup_vs_default_plain']:.2f}x the default one")

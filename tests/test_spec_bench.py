@@ -77,6 +77,10 @@ def test_gpu_sentences_by_hand():
     assert s[2] == "olmoe-1b-7b: a speculative step at k=0 costs 2.500 ms, 1.25x the invariant decode step (2.000 ms)"
     assert s[3] == "olmoe-1b-7b replay, lookup k=7: 1.70x the invariant plain decode, 1.10x the default one"
     assert len(s) == 4  # the skipped row says nothing
+    merged = {"rows": rows, "git_commit": "new", "parts": [  # the step cost from another run than the step
+        {"git_commit": "new", "sizes": [["olmoe-1b-7b", None, "kind", "invariance"]]},
+        {"git_commit": "old", "sizes": [["olmoe-1b-7b", None, "kind", "verify_cost"]]}]}
+    assert not any("k=0 costs" in line for line in gpu_sentences(merged))
 
 
 def test_run_each_warms_up_on_the_whole_set_and_keeps_the_median_pass():

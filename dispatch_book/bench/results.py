@@ -206,6 +206,16 @@ def _size(row: dict) -> tuple:
     return size
 
 
+def commit_of(doc: dict, row: dict) -> str | None:
+    """The commit a recording's row was measured at: its run's in ``"parts"`` (a merged file), else the file's.
+    Ratios between rows are only ratios where both rows have the same."""
+    size = _size(row)
+    for p in doc.get("parts") or ():
+        if any(tuple(s) == size for s in p["sizes"]):
+            return p["git_commit"]
+    return doc.get("git_commit")
+
+
 def _part(doc: dict) -> dict:
     return {"sizes": sorted({_size(r) for r in doc["rows"]}, key=str), "git_commit": doc["git_commit"],
             "date": doc["date"], "command": doc["command"]}
