@@ -95,13 +95,12 @@ class SpeculativeEngine(Engine):
                 accept(self.hist_BS[:B], self.pos_B[:B], drafts_BK, out_BK1, self.cap_B[:B], self.tok_B[:B],
                        self.res_BK2[:B])  # the host's row [adv, out_0 .. out_k] written by the same launch
                 return
-            else:
-                out_BK1, n_B = speculative_sample(drafts_BK, q_BKV, logits, self.temperature, self.top_p,
-                                                  generator=self.generator)
-                if forced is not None:
-                    out_BK1, n_B = forced(self, B, k)
-                adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.offsets)
-                self.tok_B[:B].copy_(self.hist_BS[:B].gather(1, self.pos_B[:B, None])[:, 0])
+            out_BK1, n_B = speculative_sample(drafts_BK, q_BKV, logits, self.temperature, self.top_p,
+                                              generator=self.generator)
+            if forced is not None:
+                out_BK1, n_B = forced(self, B, k)
+            adv_B = advance(self.hist_BS[:B], self.pos_B[:B], out_BK1, n_B, self.cap_B[:B], self.offsets)
+            self.tok_B[:B].copy_(self.hist_BS[:B].gather(1, self.pos_B[:B, None])[:, 0])
             self.res_BK2[:B, 0].copy_(adv_B)
             self.res_BK2[:B, 1:k + 2].copy_(out_BK1)
 
