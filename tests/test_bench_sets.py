@@ -62,7 +62,7 @@ def test_the_environment_names_another_set(tmp_path, monkeypatch):
 
 
 def test_every_recording_names_what_it_measured():
-    assert set(record.PLAN_FILES) == set(sets.SET) | {"book_gpu", "serve"}
+    assert set(record.PLAN_FILES) == set(sets.SET) | {"book_gpu", "serve", "speculative"}
     for name in (*sets.SET, *sets.OPTIONAL, *sets.EXTRA_MEASURES):
         assert sets.measured_paths(name)
     with pytest.raises(ValueError, match="unknown recording"):

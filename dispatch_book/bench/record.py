@@ -63,6 +63,8 @@ PLAN = (
          writes=("serve",), merges=True),
     Step("serve:online,reliability", ("serve", "--parts", "online,reliability", "--budget-s", "500",
                                       "--reliability-n", "2000"), 530, writes=("serve",), merges=True),
+    # chapter 9: invariance cost, step costs per k, the race and the presets' replays (rows kept per model)
+    Step("speculative", ("speculative", "--part", "gpu", "--budget-s", "520"), 560, merges=True),
     Step("book_gpu", ("book",), 420),  # no chapter reads it: recorded last, not needed for a complete set
 )
 PLAN_FILES = tuple(dict.fromkeys(f for s in PLAN for f in s.files))
