@@ -8,3 +8,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -n "${DISPATCH_GIT_COMMIT:-}" ] || { echo "set DISPATCH_GIT_COMMIT=<commit of this tree>"; exit 2; }
 start=$(date +%s)
 left() { echo $(( ${TOTAL:-${TOTAL_DEFAULT:-560}} - ($(date +%s) - start) )); }
+# serve_wheels: the serving stack (`make gpu-wheels`: aiohttp, fastapi/uvicorn for `transformers serve`) from a
+# carried .whl folder, beside the image's own packages.
+serve_wheels() {
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site .whl/*.whl > "$OUT/wheels.log" 2>&1
+        export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
+    fi
+}

@@ -23,10 +23,7 @@ TOTAL_DEFAULT=560
 RES=results
 [ "${DEBUG:-0}" = 1 ] && export CUDA_LAUNCH_BLOCKING=1 && RES=debug
 . "$(dirname "$0")/prelude.sh" "$@"
-if [ -d .whl ]; then  # the serving stack, beside the image's own packages
-    python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site .whl/*.whl > "$OUT/wheels.log" 2>&1
-    export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
-fi
+serve_wheels
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 if [ "${TESTS:-1}" = 1 ]; then
     timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_serve_gpu.py \
