@@ -248,3 +248,34 @@ def test_a_server_dies_with_the_benchmark_that_started_it():
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the child outlived its parent by 10 s")
+
+
+def test_the_peer_runs_without_cudnn_attention(tmp_path):
+    """transformers' runs take SDPA without cuDNN (it fails intermittently in their paged SDPA): the server's
+    command is transformers' own CLI with that one switch, the in-process runs restore the switch after, and a
+    rate whose requests failed names the server's last error."""
+    import subprocess
+
+    import torch
+
+    from dispatch_book.bench import serve_online
+    from dispatch_book.bench import serve_summary as ss
+
+    cmd = serve_online._command("hf_serve", "FOLDER", 1234, max_seqs=4, max_step_tokens=64)
+    assert "enable_cudnn_sdp(False)" in cmd[2] and cmd[3:6] == ["serve", "FOLDER", "--continuous-batching"]
+    r = subprocess.run([*cmd[:3], "serve", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Usage: transformers serve" in r.stdout, r.stderr[-400:]
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with serve_online.peer_attention():
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    log = tmp_path / "serve.log"
+    log.write_text("INFO: started\nTraceback (most recent call last):\nRuntimeError: Expected mha_graph.execute ok\n"
+                   "INFO: 503 Service Unavailable\n")
+    assert serve_online.last_error(str(log)) == "RuntimeError: Expected mha_graph.execute ok"
+    assert serve_online.last_error(str(tmp_path / "none.log")) is None
+    row = {"part": "online", "contestant": "hf_serve", "rate": 8.0, "requests": 64, "failed": 64,
+           "ttft_ms": {"p50": None, "p99": None}, "tpot_ms": {"p50": None, "p99": None},
+           "server_error": serve_online.last_error(str(log))}
+    said = ss.online_sentences([row])
+    assert "rate 8/s: `transformers serve` failed 64 of 64 requests: RuntimeError: Expected mha_graph" in said[0]

@@ -176,8 +176,9 @@ def offline_row(name: str, model, lean, reqs, a, deadline: float = math.inf) -> 
         use_dispatch_experts(model)
     try:
         cap = max(30.0, min(a.peer_cap_s, deadline - time.perf_counter() - 45))
-        return serve_peers.hf_cb(model, reqs, warmup=runtime.HAS_CUDA, timeout_s=cap,
-                                 cache_tokens=cpu_cache_tokens(model, a))
+        with serve_online.peer_attention():
+            return serve_peers.hf_cb(model, reqs, warmup=runtime.HAS_CUDA, timeout_s=cap,
+                                     cache_tokens=cpu_cache_tokens(model, a))
     finally:
         model.set_experts_implementation(default)
 
@@ -263,6 +264,7 @@ def main(argv=None) -> None:
     parts, names = a.parts.split(","), a.contestants.split(",")
     rows, extra = [], kept(parts, results._cli["out"])
     extra["slo"] = {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms}
+    extra["peer_attention"] = serve_online.PEER_ATTENTION
 
     def save(row):
         rows.append(row)
@@ -313,13 +315,15 @@ def main(argv=None) -> None:
     if "reliability" in parts and "ours" not in servers:
         servers.append("ours")
     for kind in servers:
+        log_path = os.path.join(tempfile.gettempdir(), f"serve-{kind}.log")
         try:
             with serve_online.server(kind, folder, max_seqs=a.max_seqs, max_step_tokens=a.max_step_tokens,
-                                     cache_tokens=cpu_cache,
-                                     log_path=os.path.join(tempfile.gettempdir(), f"serve-{kind}.log")) as (url, n):
+                                     cache_tokens=cpu_cache, log_path=log_path) as (url, n):
                 if "online" in parts and kind in names:
                     for r in serve_online.sweep(kind, url, n, online, rates, slo_ttft_s=a.slo_ttft_ms / 1e3,
                                                 slo_tpot_s=a.slo_tpot_ms / 1e3, seed=a.seed, deadline=deadline):
+                        if r.get("failed"):  # what the server said went wrong, from its own log
+                            r["server_error"] = serve_online.last_error(log_path)
                         save({"part": "online", "contestant": kind, **r})
                 if kind == "ours" and "reliability" in parts:  # the same server, then the faults
                     save(reliability_row(url, n, a, V, deadline))

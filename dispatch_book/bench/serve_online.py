@@ -38,14 +38,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# transformers' runs (its server here, its continuous batching in serve.offline_row) take PyTorch's SDPA without the
+# cuDNN backend: that backend fails intermittently inside transformers' paged SDPA ("mha_graph.execute(...)
+# .is_good()", pytorch/pytorch#190321; an H100 run of `transformers serve` died of it at its first rate and
+# answered 503 from then on). SDPA then picks flash or memory-efficient attention, as the issue advises.
+PEER_ATTENTION = "PyTorch SDPA without its cuDNN backend (pytorch/pytorch#190321: it fails intermittently)"
+_HF_SERVE = ("import runpy, sys, torch; torch.backends.cuda.enable_cudnn_sdp(False); sys.argv[0] = 'transformers'; "
+             "runpy.run_module('transformers.cli.transformers', run_name='__main__')")
+
+
+@contextlib.contextmanager
+def peer_attention():
+    """In-process transformers runs: SDPA without cuDNN (:data:`PEER_ATTENTION`), restored on exit."""
+    import torch
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def last_error(path: str | None, n: int = 200) -> str | None:
+    """The last line of a server's log that names an error (``...Error: ...``), or None."""
+    if not path or not os.path.exists(path):
+        return None
+    lines = [ln.strip() for ln in open(path, errors="replace") if "Error" in ln and ":" in ln]
+    return lines[-1][:n] if lines else None
+
+
 def _command(kind: str, folder: str, port: int, *, max_seqs: int, max_step_tokens: int,
              cache_tokens: int | None = None) -> list[str]:
     if kind == "ours":
         return [sys.executable, "-m", "dispatch.serve", "--model", folder, "--served-model-name", "model",
                 "--port", str(port), "--max-seqs", str(max_seqs), "--max-step-tokens", str(max_step_tokens),
                 "--max-waiting", "100000"]
-    if kind == "hf_serve":
-        return [sys.executable, "-m", "transformers.cli.transformers", "serve", folder, "--continuous-batching",
+    if kind == "hf_serve":  # `transformers serve`, with the attention backends of peer_attention()
+        return [sys.executable, "-c", _HF_SERVE, "serve", folder, "--continuous-batching",
                 "--host", "127.0.0.1", "--port", str(port), "--cb-max-batch-tokens", str(max_step_tokens),
                 *(() if cache_tokens is None else ("--cb-num-blocks", str(cb_blocks(cache_tokens))))]
     raise ValueError(f"no server kind {kind!r}")

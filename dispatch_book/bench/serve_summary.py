@@ -109,6 +109,10 @@ def online_sentences(rows: list[dict], tpot_p99_ms: float = 50.0) -> list[str]:
                     if x is not None and y is not None:
                         said.append(f"{m[:4].upper()} {q} {x:.0f} vs {y:.0f} ms {'ok' if x <= y else 'BEHIND'}")
             out.append(f"rate {rate:g}/s, this engine vs {NAMES.get(peer, peer)}: " + ", ".join(said))
+    for r in (r for r in rows if r.get("part") == "online" and r.get("failed")):
+        why = f": {r['server_error']}" if r.get("server_error") else ""
+        out.append(f"rate {r['rate']:g}/s: {NAMES.get(r['contestant'], r['contestant'])} failed {r['failed']} of "
+                   f"{r['requests']} requests{why}")
     for r in (r for r in rows if r.get("part") == "online" and r.get("did_not_run")):
         why = r["did_not_run"].split(" | ")[-1].strip()[-120:]  # a server's log: its last line
         out.append(f"{NAMES.get(r['contestant'], r['contestant'])} did not run: {why}")
