@@ -8,7 +8,8 @@ OLMoE-1B-7B's config with random bf16 weights (as ``bench serve``), the engine c
 (the same prompts every round: later rounds hit the prefix cache and compute only short tails). After
 every step: the counters of the one-launch decode kernels (``decode_fused.workspace``) must be back to
 zero. A step that raises prints what it held; a step that hangs for 60 s dumps the stacks and exits.
-Run with ``DISPATCH_PDL=0`` or ``DISPATCH_PDL_SKIP=...`` beside a plain run to see what the overlap of
+Every Triton compile after the warm-up is printed with the step that caused it
+(:mod:`dispatch.compiles`): a kind of step the warm-up missed. Run with ``DISPATCH_PDL=0`` or ``DISPATCH_PDL_SKIP=...`` beside a plain run to see what the overlap of
 launches changes. Prints one line per round; exit status 1 on a failure."""
 from __future__ import annotations
 
@@ -54,7 +55,12 @@ def main(argv=None) -> int:
         model = build()
         eng = LLMEngine(model, EngineConfig(max_seqs=256, max_step_tokens=2048))
         reqs = serve_load.workload(64, (100, 1024), (64, 256), model.config.vocab_size, seed=0)
+    from dispatch import compiles
+
+    watching = compiles.watch()
     eng.warmup()
+    mark = compiles.count()  # a compile after the warm-up is a kind of step it missed: a stall while serving
+    print(f"warm-up done; compiles watched: {watching}, {mark} during the warm-up", flush=True)
     rates = [float(r) for r in a.rates.split(",")]
     rnd = 0
     while time.perf_counter() < t_end:
@@ -79,6 +85,12 @@ def main(argv=None) -> int:
             steps += 1
             last = eng.step_log[-1]
             top = max(top, last.decode_rows + last.prefill_tokens)
+            if compiles.count() > mark:
+                for line in compiles.since(mark):
+                    print(f"round {rnd} rate {rate} step {eng.steps} ({last.seconds:.2f} s, {last.decode_rows} "
+                          f"decode rows, {last.prefill_tokens} prompt tokens, {last.kv_tokens} cached tokens read) "
+                          f"compiled {line}", flush=True)
+                mark = compiles.count()
             if steps % a.check_every == 0 and (bad := _nonzero_counters()):
                 print(f"round {rnd} rate {rate} step {eng.steps}: counters left nonzero {bad} after a step of "
                       f"{last.decode_rows} decode rows, {last.prefill_tokens} prompt tokens")
