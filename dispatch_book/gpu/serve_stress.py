@@ -9,7 +9,8 @@ OLMoE-1B-7B's config with random bf16 weights (as ``bench serve``), the engine c
 every step: the counters of the one-launch decode kernels (``decode_fused.workspace``) must be back to
 zero. A step that raises prints what it held; a step that hangs for 60 s dumps the stacks and exits.
 Every Triton compile after the warm-up is printed with the step that caused it
-(:mod:`dispatch.compiles`): a kind of step the warm-up missed. Run with ``DISPATCH_PDL=0`` or ``DISPATCH_PDL_SKIP=...`` beside a plain run to see what the overlap of
+(:mod:`dispatch.compiles`): a kind of step the warm-up missed. Run with ``DISPATCH_PDL=0`` or
+``DISPATCH_PDL_SKIP=...`` beside a plain run to see what the overlap of
 launches changes. Prints one line per round; exit status 1 on a failure."""
 from __future__ import annotations
 
