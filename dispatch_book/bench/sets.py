@@ -82,8 +82,9 @@ EXTRA_MEASURES = {
                    "dispatch/serve/handoff_ipc.py", "dispatch/serve/disagg.py",
                    "dispatch/serve/disagg_worker.py", "dispatch/serve/disagg_config.py",
                    "dispatch_book/bench/disagg_ipc.py"),
-    "speculative_traces": ("dispatch/train.py", "dispatch/assets", "dispatch/serve", "dispatch_book/spec_study.py",
-                           "dispatch_book/bench/spec_traces.py"),
+    # chapter 6's engine with a drafter on a CPU: the serving engine, its scheduler and server play no part
+    "speculative_traces": ("dispatch/train.py", "dispatch/assets", *_SPECULATIVE, "dispatch/engine", "dispatch/kernels",
+                           "dispatch_book/spec_study.py", "dispatch_book/bench/spec_traces.py"),
 }
 
 
