@@ -195,22 +195,33 @@ def test_step_log_keeps_the_latest_steps(shipped, monkeypatch):
     assert all(s.decode_rows + s.prefill_tokens == s.tokens > 0 and s.seconds > 0 for s in eng.step_log)
 
 
-def test_warmup_lengths_cover_each_integer_kind():
-    """Every token count a step can have finds a warm-up length in its bucket with the same kinds of
-    integers (1, a multiple of 16, other) for T and T·K: the step a real request brings compiles nothing."""
+def test_warmup_lengths_cover_each_class_of_step():
+    """Every token count a step can have finds a warm-up length of its class: the same power-of-two
+    bucket at or above it, the same tile-table bucket (``tables.nearest_bucket`` over a table's powers of
+    two), the same side of each crossover, the same kinds of integers (1, a multiple of 16, other) for T
+    and T·K — the step a real request brings compiles nothing."""
     from dispatch.serve.engine import warmup_lengths
+    from dispatch.tables import nearest_bucket
 
     def kind(x):
         return 1 if x == 1 else 16 if x % 16 == 0 else 0
 
-    assert warmup_lengths(16, (8,)) == [1, 2, 3, 4, 5, 6, 9, 10, 16]  # T = 10: T other, 10·8 = 80 a multiple of 16
-    assert warmup_lengths(16) == [1, 2, 3, 5, 9, 16]
-    for top, routed in ((64, (8,)), (300, (6, 8)), (2048, (2,)), (2048, (8, 9))):
-        got = warmup_lengths(top, routed)
-        assert max(got) <= top and len(got) == len(set(got)) and len(got) <= 4 * top.bit_length() * len(routed)
-        keys = {(1 << (n - 1).bit_length(), kind(n), *(kind(n * m) for m in routed)) for n in got}
-        assert all((1 << (T - 1).bit_length(), kind(T), *(kind(T * m) for m in routed)) in keys
-                   for T in range(1, top + 1))
+    table = {str(1 << i): {"b": 1 << i} for i in range(15)}  # a tuned table's buckets, 1 .. 16384
+
+    def cls(T, routed, crossovers):
+        return (1 << (T - 1).bit_length(), nearest_bucket(table, T)["b"], *(T <= c for c in crossovers), kind(T),
+                *(kind(T * m) for m in routed))
+
+    # T = 10: T other, 10·8 = 80 a multiple of 16; 12 and 13 take the table's bucket 16, 9 and 10 its 8
+    assert warmup_lengths(16, (8,)) == [1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 13, 16]
+    assert warmup_lengths(16) == [1, 2, 3, 5, 6, 9, 12, 16]
+    assert 24 in warmup_lengths(32, (), (23,)) and 24 not in warmup_lengths(32)  # the grouped GEMM from 24
+    for top, routed, crossovers in ((64, (8,), (16,)), (300, (6, 8), (24, 64)), (2048, (2,), ()),
+                                    (2048, (8, 9), (64,))):
+        got = warmup_lengths(top, routed, crossovers)
+        assert max(got) <= top and len(got) == len(set(got)) and len(got) <= 8 * top.bit_length() * len(routed)
+        keys = {cls(n, routed, crossovers) for n in got}
+        assert all(cls(T, routed, crossovers) in keys for T in range(1, top + 1))
 
 
 def test_bad_requests_and_configs(shipped):

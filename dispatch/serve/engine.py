@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dispatch import compiles
 from dispatch.engine.model import LeanModel
 from dispatch.engine.sampling import sample
+from dispatch.kernels import tiles
 from dispatch.moe import shared_rides_along
 from dispatch.serve.blocks import BlockAllocator
 from dispatch.serve.model import kv_bytes_per_token
@@ -65,18 +67,26 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
 
 
-def warmup_lengths(max_tokens: int, routed: tuple[int, ...] = ()) -> list[int]:
-    """Prompt lengths a GPU warm-up prefills: per bucket of token counts T (powers of two: a bucket picks
-    the experts path and its tiles), the first T of each kind of integer Triton compiles a kernel for —
-    1, a multiple of 16, any other — of T and of T·m for each m in ``routed`` (the routed rows T·K the
-    experts kernels take). Each new kind compiles the step's kernels again the first time it runs:
-    seconds in the middle of a request's first token otherwise."""
+def warmup_lengths(max_tokens: int, routed: tuple[int, ...] = (), crossovers: tuple[int, ...] = ()) -> list[int]:
+    """Prompt lengths a GPU warm-up prefills: the first T of each class of token counts that compile
+    kernels of their own. A class is T's tile bucket both ways it is looked up — the power of two at or
+    above T (the decode graphs' buckets) and the power of two nearest T in log2, ties to the larger (a
+    tile table's bucket: 12 takes 16's tiles, 11 takes 8's) — the experts path (T at most each of
+    ``crossovers``, the decode kernels, or the grouped GEMM), and the kind of integer Triton compiles a
+    kernel for — 1, a multiple of 16, any other — of T and of T·m for each m in ``routed`` (the routed
+    rows T·K the experts kernels take). Each new class compiles the step's kernels the first time it
+    runs: seconds in the middle of a request's first token otherwise."""
     def kind(x: int) -> int:
         return 1 if x == 1 else 16 if x % 16 == 0 else 0
 
+    def nearest(T: int) -> int:  # tables.nearest_bucket over powers of two
+        lo = 1 << (T.bit_length() - 1)
+        return lo if T * T < 2 * lo * lo else 2 * lo  # log2(T) - log2(lo) < 1/2, else the larger
+
     seen, out = set(), []
     for T in range(1, max_tokens + 1):
-        key = (1 << (T - 1).bit_length(), kind(T), *(kind(T * m) for m in routed))
+        key = (1 << (T - 1).bit_length(), nearest(T), *(T <= c for c in crossovers), kind(T),
+               *(kind(T * m) for m in routed))
         if key not in seen:
             seen.add(key)
             out.append(T)
@@ -127,6 +137,7 @@ class LLMEngine:
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
         self.steps = 0  # steps run since the warm-up
+        self.compiled_mark = compiles.count()  # Triton compiles logged before this are the warm-up's
         self.step_log: collections.deque[StepStat] = collections.deque(maxlen=STEP_LOG)  # the latest steps
 
     def _auto_blocks(self) -> int:
@@ -146,13 +157,18 @@ class LLMEngine:
             raise RuntimeError("warm up before adding requests")
         self.generate([[1] * min(4, self.max_model_len - 2)], RequestParams(max_tokens=2, ignore_eos=True))
         if self.dev.type == "cuda":
+            compiles.watch()
             V = self.lean.embed.shape[0]
             routed = tuple(sorted({c.K + n for c in self.lean.moe_cfgs if c for n in (0, shared_rides_along(c))}))
-            for i, n in enumerate(warmup_lengths(min(self.cfg.max_step_tokens, self.max_model_len - 2), routed)):
+            crossovers = tuple(sorted({tiles.resolve("crossover", (0, c.K, c.E, c.H, c.I), self.lean.dtype,
+                                                     self.dev).config for c in self.lean.moe_cfgs if c}))
+            lengths = warmup_lengths(min(self.cfg.max_step_tokens, self.max_model_len - 2), routed, crossovers)
+            for i, n in enumerate(lengths):
                 tok = 2 + i % (V - 2)  # a token of its own per length: no cached prefix shortens the step
                 self.generate([[tok] * n], RequestParams(max_tokens=1, ignore_eos=True))
         if self.runner.graphs:
             self.runner.capture_all()
+        self.compiled_mark = compiles.count()  # a compile after this is a class of step the warm-up missed
         self.steps = 0
         self.step_log.clear()
 
