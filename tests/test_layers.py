@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = {
     "dispatch.runtime": 1, "dispatch.config": 1, "dispatch.checks": 1, "dispatch.tables": 1,
     "dispatch.families": 1, "dispatch.schemes": 1, "dispatch.activations": 1, "dispatch.timing": 1,
-    "dispatch.arithmetic": 1, "dispatch.files": 1,
+    "dispatch.arithmetic": 1, "dispatch.files": 1, "dispatch.compiles": 1,
     "dispatch.quant.formats": 1,
     "dispatch.reference": 2,
     "dispatch.kernels": 3, "dispatch.ops": 3,
