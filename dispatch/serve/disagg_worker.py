@@ -18,9 +18,9 @@ worker frees them (:mod:`dispatch.serve.handoff_ipc`).
 
 Both report to the router's outbox: ("ready", role, info), ("token", rid, index, token),
 ("done", rid, reason, n_tokens), ("handoff", rid, bytes, seconds), ("stats", role, info),
-("error", role, kind, text) — kind "own" for a fault of this worker, "peer" for a failed transfer
-(the other side's fault shows there). Inboxes take ("add", rid, prompt, params), ("meta", HandoffMeta),
-("abort", rid), ("stats",), ("stop",).
+("error", role, kind, text) — kind "own" for a fault of this worker, "peer" for a failed transfer or a
+channel whose other end closed (the other side's fault shows there). Inboxes take ("add", rid, prompt,
+params), ("meta", HandoffMeta), ("abort", rid), ("stats",), ("stop",).
 """
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def main(role: str, port: int, backend: str, cfg, inbox, peer_inbox, outbox, lin
         outbox.put(("ready", role, info))
         (_prefill if role == "prefill" else _decode)(eng, cfg, inbox, peer_inbox, outbox, link)
     except BaseException as e:  # noqa: BLE001 - the router must hear why
-        peer = isinstance(e, (dist.DistError, LinkTimeout)) or any(
+        # a transfer that failed, or a channel whose other end closed (EOF, a broken pipe): the other side's fault
+        peer = isinstance(e, (dist.DistError, LinkTimeout, EOFError, BrokenPipeError, ConnectionError)) or any(
             s in str(e) for s in ("Connection", "Gloo", "gloo", "NCCL"))
         outbox.put(("error", role, "peer" if peer else "own",
                     f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))))
