@@ -16,15 +16,8 @@ Under ``TRITON_INTERPRET=1`` nothing compiles and the log stays empty.
 """
 from __future__ import annotations
 
-import time
-
-_LOG: list[tuple[float, str]] = []
+_LOG: list[str] = []  # each compile's kernel with its specialised arguments, in order
 _WATCHING = False
-
-
-def _record(*args, **kwargs) -> None:
-    """Triton's ``jit_post_compile_hook``: keyword ``repr`` is the kernel with its specialised arguments."""
-    _LOG.append((time.perf_counter(), str(kwargs.get("repr") or (args[1] if len(args) > 1 else "?"))))
 
 
 def watch() -> bool:
@@ -42,8 +35,8 @@ def watch() -> bool:
         return False
     before = runtime.jit_post_compile_hook
 
-    def hook(*args, **kwargs):
-        _record(*args, **kwargs)
+    def hook(*args, **kwargs):  # Triton passes ``repr``: the kernel with its specialised arguments
+        _LOG.append(str(kwargs.get("repr", "?")))
         return before(*args, **kwargs) if before else None
 
     runtime.jit_post_compile_hook = hook
@@ -58,4 +51,4 @@ def count() -> int:
 
 def since(mark: int) -> list[str]:
     """The kernels compiled after ``mark`` (:func:`count`), each with its specialised arguments."""
-    return [r for _, r in _LOG[mark:]]
+    return _LOG[mark:]

@@ -111,7 +111,7 @@ def main(role: str, port: int, backend: str, cfg, inbox, peer_inbox, outbox, lin
         (_prefill if role == "prefill" else _decode)(eng, cfg, inbox, peer_inbox, outbox, link)
     except BaseException as e:  # noqa: BLE001 - the router must hear why
         # a transfer that failed, or a channel whose other end closed (EOF, a broken pipe): the other side's fault
-        peer = isinstance(e, (dist.DistError, LinkTimeout, EOFError, BrokenPipeError, ConnectionError)) or any(
+        peer = isinstance(e, (dist.DistError, LinkTimeout, EOFError, ConnectionError)) or any(
             s in str(e) for s in ("Connection", "Gloo", "gloo", "NCCL"))
         outbox.put(("error", role, "peer" if peer else "own",
                     f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))))

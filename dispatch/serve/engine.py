@@ -172,6 +172,13 @@ class LLMEngine:
         self.steps = 0
         self.step_log.clear()
 
+    def fresh_compiles(self) -> list[str]:
+        """The Triton compiles since the warm-up or the last call (:mod:`dispatch.compiles`): each a class of
+        step the warm-up missed, a stall while serving."""
+        fresh = compiles.since(self.compiled_mark)
+        self.compiled_mark += len(fresh)
+        return fresh
+
     # ---- requests ----
     def check_request(self, prompt: list[int], params: RequestParams) -> None:
         """ValueError unless ``prompt`` with ``params`` can run here (the server's 400s)."""

@@ -15,7 +15,6 @@ import queue
 import threading
 import time
 
-from dispatch import compiles
 from dispatch.serve.engine import LLMEngine
 from dispatch.serve.scheduler import QueueFull
 
@@ -116,10 +115,8 @@ class EngineLoop:
             if last is not None and last.seconds > SLOW_STEP_S:
                 log.warning("step %d took %.2f s: %d decode rows, %d prompt tokens, %d cached tokens read",
                             self.engine.steps, last.seconds, last.decode_rows, last.prefill_tokens, last.kv_tokens)
-            if compiles.count() > self.engine.compiled_mark:  # a class of step the warm-up missed
-                for kernel in compiles.since(self.engine.compiled_mark):
-                    log.warning("step %d compiled %s", self.engine.steps, kernel)
-                self.engine.compiled_mark = compiles.count()
+            for kernel in self.engine.fresh_compiles():  # a class of step the warm-up missed
+                log.warning("step %d compiled %s", self.engine.steps, kernel)
             for o in outs:
                 sink = self.sinks.pop(o.id, None) if o.finished else self.sinks.get(o.id)
                 if sink is not None:

@@ -56,12 +56,8 @@ def main(argv=None) -> int:
         model = build()
         eng = LLMEngine(model, EngineConfig(max_seqs=256, max_step_tokens=2048))
         reqs = serve_load.workload(64, (100, 1024), (64, 256), model.config.vocab_size, seed=0)
-    from dispatch import compiles
-
-    watching = compiles.watch()
-    eng.warmup()
-    mark = compiles.count()  # a compile after the warm-up is a kind of step it missed: a stall while serving
-    print(f"warm-up done; compiles watched: {watching}, {mark} during the warm-up", flush=True)
+    eng.warmup()  # on a GPU it watches Triton's compiles: one after it is a kind of step it missed
+    print(f"warm-up done; {eng.compiled_mark} compiles during it", flush=True)
     rates = [float(r) for r in a.rates.split(",")]
     rnd = 0
     while time.perf_counter() < t_end:
@@ -86,12 +82,10 @@ def main(argv=None) -> int:
             steps += 1
             last = eng.step_log[-1]
             top = max(top, last.decode_rows + last.prefill_tokens)
-            if compiles.count() > mark:
-                for line in compiles.since(mark):
-                    print(f"round {rnd} rate {rate} step {eng.steps} ({last.seconds:.2f} s, {last.decode_rows} "
-                          f"decode rows, {last.prefill_tokens} prompt tokens, {last.kv_tokens} cached tokens read) "
-                          f"compiled {line}", flush=True)
-                mark = compiles.count()
+            for line in eng.fresh_compiles():
+                print(f"round {rnd} rate {rate} step {eng.steps} ({last.seconds:.2f} s, {last.decode_rows} "
+                      f"decode rows, {last.prefill_tokens} prompt tokens, {last.kv_tokens} cached tokens read) "
+                      f"compiled {line}", flush=True)
             if steps % a.check_every == 0 and (bad := _nonzero_counters()):
                 print(f"round {rnd} rate {rate} step {eng.steps}: counters left nonzero {bad} after a step of "
                       f"{last.decode_rows} decode rows, {last.prefill_tokens} prompt tokens")
