@@ -85,7 +85,10 @@ def _load_ids(ids_ptr, n, N, E, stride_t, stride_k, K: tl.constexpr, other):
     return tl.where((e >= 0) & (e < E), e, tl.where(n < N, -1, other)).to(tl.int32)
 
 
-@triton.jit
+# The row and block counts (N, NB, P, B) follow every step's token count: a kernel specialised on them
+# (an int equal to 1, a multiple of 16, or neither) would compile again for steps a server's warm-up
+# never ran. Nothing in these kernels gains from knowing them divisible, so they are plain ints.
+@triton.jit(do_not_specialize=["N"])
 def _block_histogram_kernel(ids_ptr, hist_ptr, N, E, stride_t, stride_k, K: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
                             PDL: tl.constexpr):
@@ -100,7 +103,7 @@ def _block_histogram_kernel(ids_ptr, hist_ptr, N, E, stride_t, stride_k, K: tl.c
     tl.store(hist_ptr + pid * E + cols, acc, mask=cols < E)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NB"])
 def _scan_blocks_kernel(hist_ptr, counts_ptr, NB, E, BLOCK_B: tl.constexpr, BLOCK_E2: tl.constexpr,
                         PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -117,7 +120,7 @@ def _scan_blocks_kernel(hist_ptr, counts_ptr, NB, E, BLOCK_B: tl.constexpr, BLOC
     tl.store(counts_ptr + cols, carry, mask=cmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "P", "B"])
 def _scatter_kernel(ids_ptr, before_ptr, counts_ptr, offsets_ptr, num_blocks_ptr, sorted_rows_ptr,
                     block_expert_ptr, slot_of_ptr, N, E, P, B, stride_t, stride_k, K: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
