@@ -286,8 +286,11 @@ def test_a_skewed_race_on_the_cpu_records_routing_peer_and_grouped(monkeypatch):
     monkeypatch.setattr(kernels, "graph_rounds", lambda fns, rounds: {
         n: (fn(), {"median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0, "samples": 7, "graph": True})[1]
         for n, fn in fns.items()})
+    saved = []  # what a cut-off run keeps: the rows so far, after every size
     rows = kernels.measure_shape("tiny", (3,), CPU, torch.float32, warmup=1, rep=1, routing="zipf:2.0",
-                                 skip=("hf_",), peer_budget_s=3.0, log=lambda s: None)
+                                 skip=("hf_",), peer_budget_s=3.0, log=lambda s: None,
+                                 measured=lambda so_far: saved.append(list(so_far)))
+    assert saved == [rows]
     by = {r["contestant"]: r for r in rows}
     assert {"ours_grouped", "ours_decode", "peer_fused_moe", "torch_grouped_mm", "hf_eager"} <= set(by)
     assert all(r["routing"] == "zipf:2" and r["busiest_over_mean"] >= 1 and "zipf_exponent" in r for r in rows)

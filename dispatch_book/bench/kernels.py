@@ -171,9 +171,10 @@ def _check_and_time(cname, fn, ref_TH, T, warmup, rep, graphed, row) -> str | No
 
 
 def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=print, routing: str = "uniform",
-                  skip=(), peer_budget_s: float = PEER_BUDGET_S) -> list[dict]:
+                  skip=(), peer_budget_s: float = PEER_BUDGET_S, measured=None) -> list[dict]:
     """The race's rows of one shape at each of ``tokens``, on ``routing``; contestants whose names start
-    with one of ``skip`` are recorded as skipped."""
+    with one of ``skip`` are recorded as skipped. ``measured(rows)``, if given, after every size with
+    the shape's rows so far (a run cut short keeps what it measured)."""
     cfg = PRESETS[name]
     w = random_weights(cfg, dtype=dtype, device=dev)
     ceil, rows = _ceilings(), []
@@ -225,6 +226,8 @@ def measure_shape(name: str, tokens, dev, dtype, *, warmup: int, rep: int, log=p
         del x_TH, ref_TH
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+        if measured is not None:
+            measured(rows)
     return rows
 
 
@@ -254,14 +257,18 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     peers.precompile(peer_search.race_configs(shapes, tokens, dev, routing),
                      workers=max(1, min(14, (os.cpu_count() or 2) - 2)))
+    name = skew.results_name("kernels", routing)
+
+    def save(shape_rows):  # after every size, so that a run cut short keeps what it measured
+        return None if a.no_save else _save(rows + shape_rows, a, argv, dtype, name)
+
     with torch.no_grad():
         for s in shapes:
             rows += measure_shape(s, tokens, dev, dtype, warmup=warmup, rep=rep, routing=routing,
-                                  skip=[x for x in a.skip.split(",") if x], peer_budget_s=a.peer_budget_s)
-            if not a.no_save:  # after every shape, so that a run cut short keeps what it measured
-                path = _save(rows, a, argv, dtype, skew.results_name("kernels", routing))
+                                  skip=[x for x in a.skip.split(",") if x], peer_budget_s=a.peer_budget_s,
+                                  measured=save)
     if not a.no_save:
-        print(f"saved {path}")
+        print(f"saved {save([])}")
 
 
 def _save(rows, a, argv, dtype, name="kernels"):
