@@ -3,7 +3,9 @@
 # copied tree's results/ (so steps recorded earlier at this commit are skipped, and merging steps add to
 # the recordings there), then the whole set folder packed into one file, $OUT/set.tgz — a call returns
 # only a few files. Call it again, call after call, until record.log says "complete"; unpack each
-# set.tgz over the checkout (`tar xzf set.tgz`: results/<gpu>/...) and commit it before the next call.
+# set.tgz over the checkout (`tar xzf set.tgz`: results/<gpu>/...) before the next call (the call copies
+# the working tree, committed or not). Commit a file once its steps are all in: kernels.json with some of
+# the four kernels:<preset> steps is a recording chapter 2 cannot read (it quotes every preset).
 #   DISPATCH_GIT_COMMIT=<sha> [ONLY=kernels:olmoe-1b-7b,decode] [TOTAL=570] dispatch_book/gpu/record_set.sh "$OUT"
 # Carry .whl (`make gpu-wheels`) for the serving steps. TESTS=1 runs `pytest -m gpu` beside the book step.
 # Writes $OUT/record.log, $OUT/set.tgz and, with TESTS=1, $OUT/tests.log.
