@@ -107,7 +107,8 @@ def launch_class(kernel, args: tuple, kwargs: dict) -> tuple:
 def launches(run: bool = True):
     """Record :func:`launch_class` of every Triton launch inside the block into the list it yields;
     ``run=False`` skips the kernels themselves (a launcher's host logic alone: which kernels, with
-    which classes of arguments, a step of T tokens launches — in microseconds, on any machine)."""
+    which classes of arguments, a step of T tokens launches — in microseconds, on any machine). It
+    patches Triton's launch for the whole process while the block runs: not for a serving process."""
     import triton.runtime.jit as jit
 
     kinds = [jit.JITFunction]
