@@ -220,6 +220,24 @@ def test_one_time_stalls():
     assert one_time_stalls("ours", {4: r(50, 10), 8: r(80, 12), 16: r(400, 30)}) == []
 
 
+def test_reliability_sentences():
+    """Counts by hand: differences at a near tie counted against the stated tolerance, the widest margin
+    named; a run that did not happen, or none at all, said so."""
+    from dispatch_book.bench.serve_summary import reliability_sentences
+
+    rel = {"part": "reliability", "requests": 1000, "kinds": {"full": 850}, "statuses": {"200": 950, "400": 50},
+           "blocks_held_after": 0, "checked_alone": 20,
+           "differ_alone": [{"margin_alone": 0.0}, {"margin_alone": 0.03125}, {"margin_alone": 0.5}]}
+    said = reliability_sentences([rel])
+    assert said[0].startswith("reliability: 1,000 requests") and "3 of 20 checked answers differ" in said[0]
+    assert said[1] == ("2 of the 3 differences start at a near tie (the prompt alone had its two best logits "
+                       "within 0.125); the widest margin is 0.5")
+    assert len(reliability_sentences([{**rel, "differ_alone": []}])) == 1
+    assert reliability_sentences([{"part": "reliability", "did_not_run": "no time"}]) == [
+        "reliability: not measured (no time)"]
+    assert "no reliability run" in reliability_sentences([])[0]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_server_dies_with_the_benchmark_that_started_it():
     """A benchmark killed by its time limit (SIGKILL: no cleanup runs) must not leave its server behind."""

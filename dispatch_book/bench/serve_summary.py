@@ -160,3 +160,26 @@ def one_time_stalls(name: str, rates: dict[float, dict], factor: float = 3.0) ->
                        f"at {b:g}/s (TPOT p99 {x['tpot_ms']['p99']:.0f} vs {y['tpot_ms']['p99']:.0f} ms): "
                        "a tail that falls as the load rises is a one-time stall, not the queue")
     return out
+
+
+NEAR_TIE = 0.125  # bf16 logits of magnitude 4..8 are 1/32 apart: four rounding steps
+
+
+def reliability_sentences(rows: list[dict], near: float = NEAR_TIE) -> list[str]:
+    """The reliability run in a few lines: requests by kind, answers by status, blocks held afterwards,
+    and the completed greedy answers that differ from the same prompt alone — how many start at a near
+    tie (the prompt alone had its two best logits within ``near``) and the widest such margin."""
+    rel = next((r for r in rows if r.get("part") == "reliability"), None)
+    if rel is None:
+        return ["this run has no reliability run (see the tests)"]
+    if "statuses" not in rel:
+        return [f"reliability: not measured ({rel.get('did_not_run') or rel.get('skipped')})"]
+    differ = rel["differ_alone"]
+    out = [f"reliability: {rel['requests']:,} requests {rel['kinds']}; answers {rel['statuses']}; blocks held "
+           f"afterwards {rel['blocks_held_after']}; {len(differ)} of {rel['checked_alone']} checked answers "
+           f"differ from the prompt's alone"]
+    if differ:
+        margins = [d["margin_alone"] for d in differ]
+        out.append(f"{sum(m <= near for m in margins)} of the {len(margins)} differences start at a near tie (the "
+                   f"prompt alone had its two best logits within {near}); the widest margin is {max(margins):g}")
+    return out
