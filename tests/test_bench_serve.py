@@ -229,7 +229,8 @@ def test_reliability_sentences():
            "blocks_held_after": 0, "checked_alone": 20,
            "differ_alone": [{"margin_alone": 0.0}, {"margin_alone": 0.03125}, {"margin_alone": 0.5}]}
     said = reliability_sentences([rel])
-    assert said[0].startswith("reliability: 1,000 requests") and "3 of 20 checked answers differ" in said[0]
+    assert said[0] == ("reliability: 1,000 requests (850 read to the end); answers 950 × 200, 50 × 400; blocks "
+                       "held afterwards 0; 3 of 20 checked answers differ from the prompt's alone")
     assert said[1] == ("2 of the 3 differences start at a near tie (the prompt alone had its two best logits "
                        "within 0.125); the widest margin is 0.5")
     assert len(reliability_sentences([{**rel, "differ_alone": []}])) == 1

@@ -175,9 +175,12 @@ def reliability_sentences(rows: list[dict], near: float = NEAR_TIE) -> list[str]
     if "statuses" not in rel:
         return [f"reliability: not measured ({rel.get('did_not_run') or rel.get('skipped')})"]
     differ = rel["differ_alone"]
-    out = [f"reliability: {rel['requests']:,} requests {rel['kinds']}; answers {rel['statuses']}; blocks held "
-           f"afterwards {rel['blocks_held_after']}; {len(differ)} of {rel['checked_alone']} checked answers "
-           f"differ from the prompt's alone"]
+    kinds = {"full": "read to the end", "disconnect": "cut off mid-stream", "malformed": "malformed"}
+    sent = ", ".join(f"{n:,} {kinds.get(k, k)}" for k, n in rel["kinds"].items())
+    answers = ", ".join(f"{n:,} × {code}" for code, n in sorted(rel["statuses"].items()))
+    out = [f"reliability: {rel['requests']:,} requests ({sent}); answers {answers}; blocks held afterwards "
+           f"{rel['blocks_held_after']}; {len(differ)} of {rel['checked_alone']} checked answers differ from the "
+           f"prompt's alone"]
     if differ:
         margins = [d["margin_alone"] for d in differ]
         out.append(f"{sum(m <= near for m in margins)} of the {len(margins)} differences start at a near tie (the "
