@@ -63,15 +63,21 @@ def since(mark: int) -> list[str]:
     return _LOG[mark:]
 
 
+def int_kind(value: int, specialise: bool = True) -> str:
+    """The kind of integer argument Triton compiles a kernel for: "1", a multiple of 16 ("i32:16"), or
+    neither ("i32"; "i64" past int32), by width alone where the kernel says ``do_not_specialize``."""
+    width = "i32" if -2**31 <= value < 2**31 else "i64"
+    if not specialise:
+        return width
+    return "1" if value == 1 else f"{width}:16" if value % 16 == 0 else width
+
+
 def _kind(value, specialise: bool):
     """The part of a launch argument a compile depends on (Triton's rules, a superset where unsure)."""
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):
-        width = "i32" if -2**31 <= value < 2**31 else "i64"
-        if not specialise:
-            return width
-        return "1" if value == 1 else f"{width}:16" if value % 16 == 0 else width
+        return int_kind(value, specialise)
     if isinstance(value, float):
         return "fp32"
     if isinstance(value, (tuple, list)):
@@ -88,8 +94,9 @@ def launch_class(kernel, args: tuple, kwargs: dict) -> tuple:
     the launch options (``num_warps``...). Two launches of one class share one compile."""
     params = list(inspect.signature(kernel.fn).parameters.values())
     dns = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize") or ()
-    bound = dict(zip((p.name for p in params), args, strict=False))  # fewer args: defaults
-    bound.update((k, v) for k, v in kwargs.items() if k in {p.name for p in params})
+    names = [p.name for p in params]
+    bound = dict(zip(names, args, strict=False))  # fewer args: defaults
+    bound.update((k, v) for k, v in kwargs.items() if k in names)
     key = [kernel.fn.__name__]
     for i, p in enumerate(params):
         if p.name not in bound:

@@ -73,20 +73,17 @@ def warmup_lengths(max_tokens: int, routed: tuple[int, ...] = (), crossovers: tu
     above T (the decode graphs' buckets) and the power of two nearest T in log2, ties to the larger (a
     tile table's bucket: 12 takes 16's tiles, 11 takes 8's) — the experts path (T at most each of
     ``crossovers``, the decode kernels, or the grouped GEMM), and the kind of integer Triton compiles a
-    kernel for — 1, a multiple of 16, any other — of T and of T·m for each m in ``routed`` (the routed
+    kernel for (:func:`dispatch.compiles.int_kind`) of T and of T·m for each m in ``routed`` (the routed
     rows T·K the experts kernels take). Each new class compiles the step's kernels the first time it
     runs: seconds in the middle of a request's first token otherwise."""
-    def kind(x: int) -> int:
-        return 1 if x == 1 else 16 if x % 16 == 0 else 0
-
     def nearest(T: int) -> int:  # tables.nearest_bucket over powers of two
         lo = 1 << (T.bit_length() - 1)
         return lo if T * T < 2 * lo * lo else 2 * lo  # log2(T) - log2(lo) < 1/2, else the larger
 
     seen, out = set(), []
     for T in range(1, max_tokens + 1):
-        key = (1 << (T - 1).bit_length(), nearest(T), *(T <= c for c in crossovers), kind(T),
-               *(kind(T * m) for m in routed))
+        key = (1 << (T - 1).bit_length(), nearest(T), *(T <= c for c in crossovers), compiles.int_kind(T),
+               *(compiles.int_kind(T * m) for m in routed))
         if key not in seen:
             seen.add(key)
             out.append(T)

@@ -257,18 +257,19 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     peers.precompile(peer_search.race_configs(shapes, tokens, dev, routing),
                      workers=max(1, min(14, (os.cpu_count() or 2) - 2)))
-    name = skew.results_name("kernels", routing)
+    name, saved = skew.results_name("kernels", routing), []
 
     def save(shape_rows):  # after every size, so that a run cut short keeps what it measured
-        return None if a.no_save else _save(rows + shape_rows, a, argv, dtype, name)
+        if not a.no_save:
+            saved.append(_save(rows + shape_rows, a, argv, dtype, name))
 
     with torch.no_grad():
         for s in shapes:
             rows += measure_shape(s, tokens, dev, dtype, warmup=warmup, rep=rep, routing=routing,
                                   skip=[x for x in a.skip.split(",") if x], peer_budget_s=a.peer_budget_s,
                                   measured=save)
-    if not a.no_save:
-        print(f"saved {save([])}")
+    if saved:
+        print(f"saved {saved[-1]}")
 
 
 def _save(rows, a, argv, dtype, name="kernels"):
